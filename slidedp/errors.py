@@ -1,0 +1,9 @@
+"""One exception type for everything a user can get wrong.
+
+The CLI turns :class:`SlideDPError` into a single line on stderr and exit code 2; anything else is a bug
+and keeps its traceback.
+"""
+
+
+class SlideDPError(Exception):
+    """Bad user input: unknown preset, malformed file, infeasible policy, impossible budget."""

@@ -1,0 +1,204 @@
+"""What the machine can do: PCIe links, host memory, CPU optimizer rates, GPU compute and GPU links.
+
+Rates are stored in human units (GB/s, TFLOP/s, G params/s) because people edit these files; the
+``*_Bps``-style helpers convert to SI for the models.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from slidedp.config_io import from_mapping, read_mapping, to_mapping, write_mapping
+from slidedp.errors import SlideDPError
+
+GB = 1e9
+GIB = 1024**3
+
+
+def _positive(where: str, **values: float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise SlideDPError(f"{where}.{name} must be positive, got {value!r}")
+
+
+def _check_curve(where: str, curve: dict[int, float]) -> None:
+    if not curve:
+        raise SlideDPError(f"{where} needs at least one threads: rate point")
+    for threads, rate in curve.items():
+        if threads <= 0 or not rate > 0:
+            raise SlideDPError(f"{where}: threads and rates must be positive, got {threads}: {rate}")
+
+
+def interpolate_curve(curve: dict[int, float], threads: int) -> float:
+    """Rate at ``threads`` by linear interpolation of a measured thread-scaling curve.
+
+    Beyond the last point the curve is flat: more threads than measured never buys more speed.
+    Below the first point it scales linearly from zero.
+    """
+    xs = sorted(curve)
+    if threads >= xs[-1]:
+        return curve[xs[-1]]
+    if threads <= xs[0]:
+        return curve[xs[0]] * threads / xs[0]
+    i = bisect.bisect_left(xs, threads)
+    x0, x1 = xs[i - 1], xs[i]
+    y0, y1 = curve[x0], curve[x1]
+    return y0 + (y1 - y0) * (threads - x0) / (x1 - x0)
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU and its PCIe attachment."""
+
+    name: str
+    memory_gib: float
+    h2d_gbps: float
+    d2h_gbps: float
+    duplex_gbps: float  # H2D + D2H together can reach less than the sum
+    pcie_latency_us: float
+    matmul_tflops: float  # achieved bf16 rate on a decoder layer's linears at large token counts
+    attention_tflops: float  # achieved causal flash-attention rate (fwd and bwd)
+    half_efficiency_tokens: float  # tokens per kernel at which the linears reach half their rate
+    layer_overhead_us: float  # fixed launch/elementwise cost per layer per pass
+    reserve_gib: float = 2.0  # CUDA context, allocator slack, NCCL buffers
+
+    def __post_init__(self) -> None:
+        _positive("gpu", memory_gib=self.memory_gib, h2d_gbps=self.h2d_gbps, d2h_gbps=self.d2h_gbps,
+                  duplex_gbps=self.duplex_gbps, matmul_tflops=self.matmul_tflops,
+                  attention_tflops=self.attention_tflops)
+        if self.pcie_latency_us < 0 or self.layer_overhead_us < 0 or self.half_efficiency_tokens < 0:
+            raise SlideDPError("gpu: latencies, overheads and half_efficiency_tokens must be >= 0")
+        if self.reserve_gib < 0 or self.reserve_gib >= self.memory_gib:
+            raise SlideDPError("gpu.reserve_gib must be >= 0 and below memory_gib")
+
+    def linear_time(self, flops: float, tokens: float) -> float:
+        efficiency = tokens / (tokens + self.half_efficiency_tokens) if tokens > 0 else 1.0
+        return flops / (self.matmul_tflops * 1e12 * efficiency)
+
+    def attention_time(self, flops: float) -> float:
+        return flops / (self.attention_tflops * 1e12)
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """The host all GPUs share: cores, DRAM bandwidth, CPU optimizer and cast rates."""
+
+    cores: int
+    memory_gib: float
+    mem_bw_gbps: float  # total DRAM traffic (read + write) the host sustains
+    adam_gparams_per_s: dict[int, float]  # fused CPU AdamW step rate vs threads
+    cast_gelems_per_s: dict[int, float]  # fp32 -> bf16 cast rate vs threads
+    stream_gbps: dict[int, float]  # DRAM traffic one streaming CPU pass (e.g. gradient sum) reaches
+
+    def __post_init__(self) -> None:
+        if self.cores <= 0:
+            raise SlideDPError(f"host.cores must be positive, got {self.cores}")
+        _positive("host", memory_gib=self.memory_gib, mem_bw_gbps=self.mem_bw_gbps)
+        _check_curve("host.adam_gparams_per_s", self.adam_gparams_per_s)
+        _check_curve("host.cast_gelems_per_s", self.cast_gelems_per_s)
+        _check_curve("host.stream_gbps", self.stream_gbps)
+
+    def adam_rate(self, threads: int) -> float:
+        """Parameters per second one optimizer worker with ``threads`` threads updates."""
+        return interpolate_curve(self.adam_gparams_per_s, threads) * 1e9
+
+    def cast_rate(self, threads: int) -> float:
+        return interpolate_curve(self.cast_gelems_per_s, threads) * 1e9
+
+    def stream_rate(self, threads: int) -> float:
+        return interpolate_curve(self.stream_gbps, threads) * GB
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """GPU-to-GPU path for collectives. ``host`` means no peer access: NCCL bounces through host DRAM."""
+
+    kind: Literal["nvlink", "host"]
+    bw_gbps: float  # per-GPU collective bus bandwidth
+    latency_us: float = 10.0
+
+    def __post_init__(self) -> None:
+        _positive("link", bw_gbps=self.bw_gbps)
+
+
+@dataclass(frozen=True)
+class SwitchSpec:
+    """GPUs behind one PCIe switch share its uplink to the CPU root complex."""
+
+    gpus: tuple[int, ...]
+    uplink_gbps: float  # per direction
+
+    def __post_init__(self) -> None:
+        _positive("switch", uplink_gbps=self.uplink_gbps)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    num_gpus: int
+    gpu: GPUSpec
+    host: HostSpec
+    link: LinkSpec
+    switches: tuple[SwitchSpec, ...] = field(default_factory=tuple)
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if self.num_gpus <= 0:
+            raise SlideDPError(f"hardware {self.name!r}: num_gpus must be positive")
+        seen: set[int] = set()
+        for sw in self.switches:
+            for g in sw.gpus:
+                if not 0 <= g < self.num_gpus:
+                    raise SlideDPError(f"hardware {self.name!r}: switch names GPU {g}, "
+                                       f"which is not in 0..{self.num_gpus - 1}")
+                if g in seen:
+                    raise SlideDPError(f"hardware {self.name!r}: GPU {g} sits behind two switches")
+                seen.add(g)
+
+    def switch_of(self, gpu: int) -> int | None:
+        for i, sw in enumerate(self.switches):
+            if gpu in sw.gpus:
+                return i
+        return None
+
+    def with_gpus(self, num_gpus: int) -> HardwareProfile:
+        """The same machine with fewer (or more) GPUs populated, switch groups trimmed to match."""
+        switches = tuple(
+            SwitchSpec(tuple(g for g in sw.gpus if g < num_gpus), sw.uplink_gbps)
+            for sw in self.switches
+            if any(g < num_gpus for g in sw.gpus)
+        )
+        return HardwareProfile(f"{self.name}@{num_gpus}", num_gpus, self.gpu, self.host, self.link,
+                               switches, self.notes)
+
+    def to_dict(self) -> dict:
+        return to_mapping(self)
+
+    def save(self, path: str | Path) -> None:
+        write_mapping(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "hardware") -> HardwareProfile:
+        return from_mapping(cls, data, where)
+
+
+def hardware_presets() -> dict[str, Path]:
+    presets_dir = Path(__file__).parent / "presets"
+    return {p.stem: p for p in sorted(presets_dir.glob("*.yaml"))}
+
+
+def load_hardware(name_or_path: str) -> HardwareProfile:
+    """A preset name (e.g. ``h100-sxm-x4``) or a YAML/JSON profile path."""
+    presets = hardware_presets()
+    key = name_or_path.lower()
+    if key in presets:
+        path = presets[key]
+    else:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise SlideDPError(f"unknown hardware {name_or_path!r}: not a preset ({', '.join(presets)}) "
+                               "nor an existing profile file")
+    return HardwareProfile.from_dict(read_mapping(path, "hardware profile"), where=path.stem)

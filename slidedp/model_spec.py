@@ -1,0 +1,160 @@
+"""Shape of a decoder-only transformer and the per-layer quantities every other part derives from.
+
+The analytical model, the simulator and (later) the runtime all need the same counts: parameters per
+unit, FLOPs per token, activation bytes per token. Keeping them here means the three can never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from slidedp.errors import SlideDPError
+
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture of a Llama/Qwen-style decoder (RMSNorm, GQA attention, SwiGLU MLP)."""
+
+    name: str
+    layers: int
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool = False
+    qk_norm: bool = False
+    attn_bias: bool = False
+
+    def __post_init__(self) -> None:
+        for field in ("layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise SlideDPError(f"model {self.name!r}: {field} must be a positive integer, got {value!r}")
+        if self.heads % self.kv_heads != 0:
+            raise SlideDPError(
+                f"model {self.name!r}: heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})"
+            )
+
+    # ---- parameter counts -------------------------------------------------------------------------
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer (attention, MLP and the two RMSNorms)."""
+        h = self.hidden
+        attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        if self.attn_bias:
+            attn += self.q_dim + 2 * self.kv_dim
+        if self.qk_norm:
+            attn += 2 * self.head_dim
+        mlp = 3 * h * self.ffn
+        return attn + mlp + 2 * h
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def head_params(self) -> int:
+        """Final norm plus lm_head; a tied head owns only the norm (its matrix is the embedding)."""
+        return self.hidden + (0 if self.tied_embeddings else self.vocab * self.hidden)
+
+    @property
+    def total_params(self) -> int:
+        return self.embedding_params + self.layers * self.layer_params + self.head_params
+
+    # ---- FLOPs ------------------------------------------------------------------------------------
+    def layer_linear_flops_per_token(self) -> float:
+        """Forward matmul FLOPs of one decoder layer per token (2 per weight)."""
+        return 2.0 * (self.layer_params - 2 * self.hidden)
+
+    def layer_attention_flops_per_token(self, seq: int) -> float:
+        """Forward causal attention FLOPs per token: QK^T and PV over an average context of seq/2."""
+        return 2.0 * 2.0 * self.q_dim * (seq / 2.0)
+
+    def head_flops_per_token(self) -> float:
+        """Forward lm_head FLOPs per token (the loss itself is negligible)."""
+        return 2.0 * self.vocab * self.hidden
+
+    def train_flops_per_token(self, seq: int) -> float:
+        """Model FLOPs per trained token (fwd + bwd = 3x fwd, no recompute): the TFLOPS numerator."""
+        per_layer = self.layer_linear_flops_per_token() + self.layer_attention_flops_per_token(seq)
+        return 3.0 * (self.layers * per_layer + self.head_flops_per_token())
+
+    # ---- activations -----------------------------------------------------------------------------
+    def checkpoint_bytes_per_token(self) -> int:
+        """The layer input kept per layer when recomputing (bf16 hidden state)."""
+        return BF16_BYTES * self.hidden
+
+    def full_activation_bytes_per_token(self) -> int:
+        """Everything a layer's backward needs without recompute (flash attention, bf16).
+
+        Input, two norm outputs, q/k/v, attention output, residual, gate/up projections and their
+        SwiGLU product, plus fp32 log-sum-exp per head.
+        """
+        h, f = self.hidden, self.ffn
+        elems = 4 * h + 2 * self.q_dim + 2 * self.kv_dim + 3 * f
+        return BF16_BYTES * elems + 4 * self.heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    # ---- construction -----------------------------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, cfg: dict, name: str = "custom") -> ModelSpec:
+        """Build from a Hugging Face config.json dict (Llama, Mistral, Qwen2/2.5, Qwen3)."""
+        if not isinstance(cfg, dict):
+            raise SlideDPError(f"model {name!r}: config must be a JSON object")
+        try:
+            hidden = int(cfg["hidden_size"])
+            heads = int(cfg["num_attention_heads"])
+            spec = cls(
+                name=name,
+                layers=int(cfg["num_hidden_layers"]),
+                hidden=hidden,
+                ffn=int(cfg["intermediate_size"]),
+                heads=heads,
+                kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                head_dim=int(cfg.get("head_dim") or (hidden // heads if heads else 0)),
+                vocab=int(cfg["vocab_size"]),
+                tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                qk_norm=str(cfg.get("model_type", "")).startswith("qwen3"),
+                attn_bias=bool(cfg.get("attention_bias", str(cfg.get("model_type", "")) == "qwen2")),
+            )
+        except KeyError as exc:
+            raise SlideDPError(f"model {name!r}: config.json lacks required key {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise SlideDPError(f"model {name!r}: config.json has a non-numeric size ({exc})") from None
+        return spec
+
+
+def load_model_spec(name_or_path: str) -> ModelSpec:
+    """A preset name (e.g. ``qwen3-14b``), a config.json path, or a directory holding config.json."""
+    from slidedp.presets.models import MODEL_PRESETS
+
+    key = name_or_path.lower()
+    if key in MODEL_PRESETS:
+        return ModelSpec.from_hf_config(MODEL_PRESETS[key], name=key)
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.exists():
+        known = ", ".join(sorted(MODEL_PRESETS))
+        raise SlideDPError(f"unknown model {name_or_path!r}: not a preset ({known}) nor an existing config.json")
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SlideDPError(f"cannot read model config {str(path)!r}: {exc}") from None
+    return ModelSpec.from_hf_config(cfg, name=path.parent.name or path.stem)

@@ -1,0 +1,104 @@
+"""How one training step is executed: routes, chunking, prefetch, activations, batching, CPU threads.
+
+A Policy says nothing about the machine or the model; the workload combines the three. The tuner
+writes one as YAML and the runtime reads the same file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from slidedp.config_io import from_mapping, read_mapping, to_mapping, write_mapping
+from slidedp.errors import SlideDPError
+
+ParamRoute = Literal["replicated", "sharded"]
+GradRoute = Literal["per_rank", "reduce_scatter"]
+ActivationPolicy = Literal["keep", "recompute", "offload"]
+UpdateSchedule = Literal["next_forward", "as_ready", "after_backward"]
+
+PARAM_ROUTES: tuple[str, ...] = ("replicated", "sharded")
+GRAD_ROUTES: tuple[str, ...] = ("per_rank", "reduce_scatter")
+ACTIVATION_POLICIES: tuple[str, ...] = ("keep", "recompute", "offload")
+UPDATE_SCHEDULES: tuple[str, ...] = ("next_forward", "as_ready", "after_backward")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Execution policy for one optimizer step.
+
+    param_route: ``replicated`` = every rank copies each chunk over its own PCIe link;
+        ``sharded`` = each rank copies 1/N of the chunk and the ranks all-gather over GPU links,
+        so host DRAM is read once per chunk instead of N times.
+    grad_route: ``per_rank`` = every rank copies its full gradient chunk to host and the CPU sums
+        the N copies; ``reduce_scatter`` = the GPUs reduce-scatter and each rank copies its 1/N shard.
+    update_schedule: when the CPU AdamW of a chunk runs. ``next_forward`` (default) updates in
+        forward order during the next step's forward, after the global gradient norm is known, so
+        clipping is exact and the update overlaps compute; ``as_ready`` updates each chunk as its
+        gradient lands (exact only without global clipping); ``after_backward`` waits for the
+        whole backward first (ZeRO-Offload's order).
+    prefetch_depth: units (layers) a rank holds on the GPU at once, the computing one included.
+    micro_batch x accumulation sequences per rank per step; layers are streamed once per step for
+        all micro-batches (layer-major order), so accumulation does not multiply PCIe traffic.
+    adam_threads: CPU threads of each rank's optimizer worker (None: cores split evenly by rank).
+    """
+
+    param_route: ParamRoute = "sharded"
+    grad_route: GradRoute = "reduce_scatter"
+    chunks_per_layer: int = 4
+    prefetch_depth: int = 2
+    activation: ActivationPolicy = "recompute"
+    micro_batch: int = 1
+    accumulation: int = 1
+    adam_threads: int | None = None
+    grad_dtype: Literal["bf16", "fp32"] = "bf16"
+    update_schedule: UpdateSchedule = "next_forward"
+    loss_chunk_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("chunks_per_layer", "prefetch_depth", "micro_batch", "accumulation", "loss_chunk_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SlideDPError(f"policy.{name} must be a positive integer, got {value!r}")
+        if self.adam_threads is not None and self.adam_threads < 1:
+            raise SlideDPError(f"policy.adam_threads must be a positive integer, got {self.adam_threads!r}")
+        for name, allowed in (("param_route", PARAM_ROUTES), ("grad_route", GRAD_ROUTES),
+                              ("activation", ACTIVATION_POLICIES), ("update_schedule", UPDATE_SCHEDULES),
+                              ("grad_dtype", ("bf16", "fp32"))):
+            if getattr(self, name) not in allowed:
+                raise SlideDPError(f"policy.{name} must be one of {', '.join(allowed)}, "
+                                   f"got {getattr(self, name)!r}")
+
+    @property
+    def grad_bytes(self) -> int:
+        return 2 if self.grad_dtype == "bf16" else 4
+
+    def sequences_per_rank(self) -> int:
+        return self.micro_batch * self.accumulation
+
+    def with_(self, **changes) -> Policy:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return to_mapping(self)
+
+    def save(self, path: str | Path) -> None:
+        write_mapping(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "policy") -> Policy:
+        return from_mapping(cls, data, where)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Policy:
+        return cls.from_dict(read_mapping(path, "policy"), where=Path(path).name)
+
+
+def default_policy(global_batch: int, num_gpus: int, max_micro_batch: int = 1) -> Policy:
+    """A reasonable starting policy for a global batch: sharded routes, recompute, small micro-batches."""
+    if global_batch < num_gpus or global_batch % num_gpus:
+        raise SlideDPError(f"global batch {global_batch} must be a positive multiple of the GPU count {num_gpus}")
+    per_rank = global_batch // num_gpus
+    micro = max(d for d in range(1, min(per_rank, max_micro_batch) + 1) if per_rank % d == 0)
+    return Policy(micro_batch=micro, accumulation=per_rank // micro)

@@ -1,0 +1,1 @@
+"""Built-in model shapes and hardware profiles."""

@@ -1,0 +1,88 @@
+"""The trace table: one row per operation, the same for simulated and measured steps.
+
+Reports, exposure analysis and validation read this table only, so they never care whether a step was
+simulated or run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from slidedp.errors import SlideDPError
+
+TRACE_COLUMNS: tuple[str, ...] = (
+    "rank", "resource", "op", "layer", "chunk", "micro_batch", "start_s", "end_s", "bytes", "flops", "host_bytes",
+)
+_DTYPES = {"rank": "int64", "layer": "int64", "chunk": "int64", "micro_batch": "int64", "start_s": "float64",
+           "end_s": "float64", "bytes": "float64", "flops": "float64", "host_bytes": "float64",
+           "resource": "object", "op": "object"}
+
+
+def make_trace(rows: list[tuple]) -> pd.DataFrame:
+    """Build a trace from row tuples in TRACE_COLUMNS order."""
+    df = pd.DataFrame.from_records(rows, columns=list(TRACE_COLUMNS))
+    return df.astype(_DTYPES)
+
+
+def validate_trace(df: pd.DataFrame) -> pd.DataFrame:
+    missing = [c for c in TRACE_COLUMNS if c not in df.columns]
+    if missing:
+        raise SlideDPError(f"trace lacks column(s): {', '.join(missing)}")
+    if (df["end_s"] < df["start_s"]).any():
+        raise SlideDPError("trace has an operation that ends before it starts")
+    return df
+
+
+def load_trace(path: str | Path) -> pd.DataFrame:
+    path = Path(path)
+    try:
+        if path.suffix == ".parquet":
+            df = pd.read_parquet(path)
+        elif path.suffix == ".json":
+            df = from_chrome_trace(json.loads(path.read_text()))
+        else:
+            df = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise SlideDPError(f"cannot read trace {str(path)!r}: {exc}") from None
+    return validate_trace(df)
+
+
+def save_trace(df: pd.DataFrame, path: str | Path) -> None:
+    """CSV, parquet, or Chrome trace JSON (open in Perfetto) by suffix."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".json":
+        path.write_text(json.dumps(to_chrome_trace(df)))
+    elif path.suffix == ".parquet":
+        df.to_parquet(path, index=False)
+    elif path.suffix == ".csv":
+        df.to_csv(path, index=False)
+    else:
+        raise SlideDPError(f"trace file {str(path)!r}: use a .json (Perfetto), .csv or .parquet suffix")
+
+
+def to_chrome_trace(df: pd.DataFrame) -> dict:
+    """Chrome trace-event JSON: one process per rank, one thread per resource; rows ride in ``args``."""
+    events = []
+    tids: dict[tuple[int, str], int] = {}
+    for row in df.itertuples(index=False):
+        key = (int(row.rank), row.resource)
+        if key not in tids:
+            tids[key] = len(tids)
+            events.append({"ph": "M", "name": "thread_name", "pid": int(row.rank), "tid": tids[key],
+                           "args": {"name": row.resource}})
+        name = row.op if row.layer < 0 else f"{row.op} L{row.layer}" + (f".c{row.chunk}" if row.chunk >= 0 else "")
+        events.append({
+            "ph": "X", "name": name, "cat": row.op, "pid": int(row.rank), "tid": tids[key],
+            "ts": row.start_s * 1e6, "dur": (row.end_s - row.start_s) * 1e6,
+            "args": {c: (v.item() if hasattr(v, "item") else v) for c, v in zip(TRACE_COLUMNS, row, strict=True)},
+        })
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def from_chrome_trace(data: dict) -> pd.DataFrame:
+    rows = [tuple(e["args"][c] for c in TRACE_COLUMNS) for e in data.get("traceEvents", []) if e.get("ph") == "X"]
+    return make_trace(rows)
