@@ -164,24 +164,40 @@ class StepWorkload:
     def offloads_checkpoint(self, u: int) -> bool:
         return self.units[u].checkpoint_bytes > 0 and not self.resident_in_backward(u)
 
-    # ---- per-chunk traffic (per rank) -----------------------------------------------------------------
-    def h2d_param_bytes(self, u: int) -> float:
-        full = BF16_BYTES * self.units[u].params / self.chunks
-        return full / self.ranks if self.policy.param_route == "sharded" else full
+    # ---- traffic per rank, as bytes per parameter of a unit ----------------------------------------------
+    @cached_property
+    def h2d_param_factor(self) -> float:
+        return BF16_BYTES / self.ranks if self.policy.param_route == "sharded" else float(BF16_BYTES)
 
-    def allgather_bytes(self, u: int) -> float:
+    @cached_property
+    def allgather_factor(self) -> float:
         if self.policy.param_route != "sharded" or self.ranks == 1:
             return 0.0
-        return (self.ranks - 1) / self.ranks * BF16_BYTES * self.units[u].params / self.chunks
+        return (self.ranks - 1) / self.ranks * BF16_BYTES
 
-    def d2h_grad_bytes(self, u: int) -> float:
-        full = self.policy.grad_bytes * self.units[u].params / self.chunks
-        return full / self.ranks if self.policy.grad_route == "reduce_scatter" else full
+    @cached_property
+    def d2h_grad_factor(self) -> float:
+        g = float(self.policy.grad_bytes)
+        return g / self.ranks if self.policy.grad_route == "reduce_scatter" else g
 
-    def reduce_scatter_bytes(self, u: int) -> float:
+    @cached_property
+    def reduce_scatter_factor(self) -> float:
         if self.policy.grad_route != "reduce_scatter" or self.ranks == 1:
             return 0.0
-        return (self.ranks - 1) / self.ranks * self.policy.grad_bytes * self.units[u].params / self.chunks
+        return (self.ranks - 1) / self.ranks * self.policy.grad_bytes
+
+    # ---- per-chunk traffic (per rank) -------------------------------------------------------------------
+    def h2d_param_bytes(self, u: int) -> float:
+        return self.h2d_param_factor * self.units[u].params / self.chunks
+
+    def allgather_bytes(self, u: int) -> float:
+        return self.allgather_factor * self.units[u].params / self.chunks
+
+    def d2h_grad_bytes(self, u: int) -> float:
+        return self.d2h_grad_factor * self.units[u].params / self.chunks
+
+    def reduce_scatter_bytes(self, u: int) -> float:
+        return self.reduce_scatter_factor * self.units[u].params / self.chunks
 
     # ---- CPU update jobs --------------------------------------------------------------------------------
     def update_owners(self, u: int, c: int) -> tuple[tuple[int, float], ...]:

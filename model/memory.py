@@ -1,0 +1,97 @@
+"""GPU peak and host bytes of a step, so infeasible policies are rejected before anything is timed.
+
+Host state is one authoritative copy for all ranks: fp32 master weights, Adam m and v (12 B/param) and
+one bf16 slot per parameter (2 B) that holds the gradient from its D2H until the update and the new
+bf16 weights from the cast until the next step's H2D. A unit's backward re-fetch precedes its gradient,
+so the two uses of the slot never overlap: 14 B/param where peers need 16 or more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slidedp.hardware import GIB
+from slidedp.model_spec import BF16_BYTES
+from slidedp.workload import StepWorkload
+
+LOGITS_BYTES_PER_ELEMENT = 8  # bf16 logits chunk + fp32 softmax/gradient of that chunk
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    gpu_weights: float
+    gpu_grads: float
+    gpu_activations: float
+    gpu_loss: float
+    gpu_reserve: float
+    host_state: float
+    host_staging: float
+    host_activations: float
+    params: int
+
+    @property
+    def gpu_peak(self) -> float:
+        return self.gpu_weights + self.gpu_grads + self.gpu_activations + self.gpu_loss + self.gpu_reserve
+
+    @property
+    def host_total(self) -> float:
+        return self.host_state + self.host_staging + self.host_activations
+
+    @property
+    def host_bytes_per_param(self) -> float:
+        return self.host_state / self.params
+
+    def gpu_peak_gib(self) -> float:
+        return self.gpu_peak / GIB
+
+    def host_total_gib(self) -> float:
+        return self.host_total / GIB
+
+
+def _window_max(values: list[float], depth: int) -> float:
+    if not values:
+        return 0.0
+    depth = min(depth, len(values))
+    window = sum(values[:depth])
+    best = window
+    for i in range(depth, len(values)):
+        window += values[i] - values[i - depth]
+        best = max(best, window)
+    return best
+
+
+def estimate_memory(w: StepWorkload) -> MemoryEstimate:
+    m, pol, units = w.model, w.policy, w.units
+    depth = pol.prefetch_depth
+    streamed = [BF16_BYTES * u.params if not u.pinned else 0.0 for u in units]
+    pinned = sum(BF16_BYTES * u.params for u in units if u.pinned)
+    weights = _window_max(streamed, depth) + pinned
+
+    accum_bytes = 4 if (pol.accumulation > 1 or pol.grad_dtype == "fp32") else pol.grad_bytes
+    grad_out = [pol.grad_bytes * u.params if not u.pinned else 0.0 for u in units]
+    grads = _window_max(grad_out, depth) + max(accum_bytes * u.params for u in units)
+    grads += sum(4 * u.params for u in units if u.pinned)  # tied matrix accumulates head + lookup grads
+
+    ckpt = m.checkpoint_bytes_per_token() * w.tokens_per_rank
+    working = m.full_activation_bytes_per_token() * w.tokens_per_micro_batch
+    if pol.activation == "keep":
+        acts = m.layers * m.full_activation_bytes_per_token() * w.tokens_per_rank + ckpt
+    elif pol.activation == "recompute":
+        acts = (m.layers + 1) * ckpt + working
+    else:
+        acts = (depth + 1) * ckpt + working
+    loss = min(pol.loss_chunk_tokens, w.tokens_per_micro_batch) * m.vocab * LOGITS_BYTES_PER_ELEMENT + ckpt
+
+    params = m.total_params
+    state_per_param = 12 + (BF16_BYTES if pol.grad_dtype == "bf16" else BF16_BYTES + 4)
+    staging = 0.0
+    largest = max(u.params for u in units)
+    if pol.grad_route == "per_rank" and w.ranks > 1:
+        staging += w.ranks * depth * pol.grad_bytes * largest  # each rank's copies await the owner's sum
+    staging += w.ranks * 2 * BF16_BYTES * largest / w.chunks  # pinned bounce chunks per rank
+    host_acts = w.ranks * m.layers * ckpt if pol.activation == "offload" else 0.0
+    return MemoryEstimate(
+        gpu_weights=weights, gpu_grads=grads, gpu_activations=acts, gpu_loss=loss,
+        gpu_reserve=w.hw.gpu.reserve_gib * GIB, host_state=state_per_param * params, host_staging=staging,
+        host_activations=host_acts, params=params,
+    )
