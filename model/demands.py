@@ -7,6 +7,8 @@ resources so bottlenecks read the same in both.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from slidedp.workload import StepWorkload, collective_usage, dma_usage, resource_capacities
 
 
@@ -15,36 +17,93 @@ def _dma_floor(w: StepWorkload, usage: dict[str, float], caps: dict[str, float])
     return max(k / caps[r] for r, k in usage.items())
 
 
+@dataclass(frozen=True)
+class _Sums:
+    """Per-rank sums over units that every closed form below is built from."""
+
+    total_params: float
+    fetched_params: float  # forward fetch plus backward re-fetch of units not resident at the turnaround
+    fetch_ops: int
+    ckpt_bytes: float
+    ckpt_ops: int
+    compute_s: float
+    fwd_flops: float
+    bwd_flops: float
+
+
+def _sums(w: StepWorkload) -> _Sums:
+    total = fetched = ckpt = compute = fwd_flops = bwd_flops = 0.0
+    fetch_ops = ckpt_ops = 0
+    for u, unit in enumerate(w.units):
+        fetches = 1 if w.resident_in_backward(u) else 2
+        total += unit.params
+        fetched += fetches * unit.params
+        fetch_ops += fetches
+        compute += unit.fwd_s + unit.bwd_s
+        fwd_flops += unit.fwd_flops
+        bwd_flops += unit.bwd_flops
+        if w.offloads_checkpoint(u):
+            ckpt += unit.checkpoint_bytes
+            ckpt_ops += 1
+    return _Sums(total, fetched, fetch_ops, ckpt, ckpt_ops, compute, fwd_flops, bwd_flops)
+
+
+def _cpu_bytes_per_param(w: StepWorkload) -> tuple[float, float, float]:
+    reduce_b = w.cpu_reduce_host_bytes(1.0) if w.needs_cpu_reduce() else 0.0
+    return reduce_b, w.adam_host_bytes(1.0), w.cast_host_bytes(1.0)
+
+
+def op_totals(w: StepWorkload) -> dict[str, dict[str, float]]:
+    """Closed-form totals per trace op over all ranks: ``bytes``, ``flops`` and ``host_bytes``.
+
+    The simulator's trace must add up to exactly these numbers (conservation).
+    """
+    s, n = _sums(w), w.ranks
+    k_host = collective_usage(w.hw, 0).get("hostmem", 0.0)
+    reduce_b, adam_b, cast_b = _cpu_bytes_per_param(w)
+
+    def row(nbytes: float, host: float | None = None, flops: float = 0.0) -> dict[str, float]:
+        return {"bytes": nbytes, "host_bytes": nbytes if host is None else host, "flops": flops}
+
+    totals = {
+        "h2d_param": row(n * w.h2d_param_factor * s.fetched_params),
+        "d2h_grad": row(n * w.d2h_grad_factor * s.total_params),
+        "adam": row(adam_b * s.total_params),
+        "cast": row(cast_b * s.total_params),
+        "fwd": row(0.0, 0.0, n * s.fwd_flops),
+        "bwd": row(0.0, 0.0, n * s.bwd_flops),
+    }
+    if w.allgather_factor:
+        ag = n * w.allgather_factor * s.fetched_params
+        totals["allgather"] = row(ag, ag * k_host)
+    if w.reduce_scatter_factor:
+        rs = n * w.reduce_scatter_factor * s.total_params
+        totals["reduce_scatter"] = row(rs, rs * k_host)
+    if s.ckpt_ops:
+        totals["d2h_ckpt"] = row(n * s.ckpt_bytes)
+        totals["h2d_ckpt"] = row(n * s.ckpt_bytes)
+    if reduce_b:
+        totals["cpu_reduce"] = row(reduce_b * s.total_params)
+    return totals
+
+
 def resource_demands(w: StepWorkload) -> dict[str, float]:
     """Seconds of full-capacity work per resource and per serial stream (rank 0 stands for every rank)."""
     caps = resource_capacities(w.hw)
-    n, c, units = w.ranks, w.chunks, w.units
+    n, c = w.ranks, w.chunks
+    s = _sums(w)
     lat = w.pcie_latency
-    compute = 0.0
-    reduce_b = w.cpu_reduce_host_bytes(1.0) if w.needs_cpu_reduce() else 0.0
-    adam_b, cast_b = w.adam_host_bytes(1.0), w.cast_host_bytes(1.0)
+    reduce_b, adam_b, cast_b = _cpu_bytes_per_param(w)
     cpu_sec = (reduce_b / w.cpu_reduce_cap() if reduce_b else 0.0) + adam_b / w.adam_cap() + cast_b / w.cast_cap()
-    total_params = fetched_params = 0.0
-    fetch_ops = 0
-    ckpt_bytes = 0.0
-    ckpt_ops = 0
-    for u, unit in enumerate(units):
-        compute += unit.fwd_s + unit.bwd_s
-        fetches = 1 if w.resident_in_backward(u) else 2
-        total_params += unit.params
-        fetched_params += fetches * unit.params
-        fetch_ops += fetches
-        if w.offloads_checkpoint(u):
-            ckpt_bytes += unit.checkpoint_bytes
-            ckpt_ops += 1
-    h2d_bytes = w.h2d_param_factor * fetched_params + ckpt_bytes
-    h2d_ops = fetch_ops * c + ckpt_ops
-    d2h_bytes = w.d2h_grad_factor * total_params + ckpt_bytes
-    d2h_ops = len(units) * c + ckpt_ops
-    link_bytes = w.allgather_factor * fetched_params + w.reduce_scatter_factor * total_params
-    link_ops = (fetch_ops * c if w.allgather_factor else 0) + (len(units) * c if w.reduce_scatter_factor else 0)
-    cpu_host_bytes = (reduce_b + adam_b + cast_b) * total_params
-    cpu_time = cpu_sec * total_params
+    h2d_bytes = w.h2d_param_factor * s.fetched_params + s.ckpt_bytes
+    h2d_ops = s.fetch_ops * c + s.ckpt_ops
+    d2h_bytes = w.d2h_grad_factor * s.total_params + s.ckpt_bytes
+    d2h_ops = w.num_units * c + s.ckpt_ops
+    link_bytes = w.allgather_factor * s.fetched_params + w.reduce_scatter_factor * s.total_params
+    link_ops = (s.fetch_ops * c if w.allgather_factor else 0) + (w.num_units * c if w.reduce_scatter_factor else 0)
+    cpu_host_bytes = (reduce_b + adam_b + cast_b) * s.total_params
+    cpu_time = cpu_sec * s.total_params
+    compute = s.compute_s
 
     h2d_use, d2h_use = dma_usage(w.hw, 0, "h2d"), dma_usage(w.hw, 0, "d2h")
     coll_use = collective_usage(w.hw, 0)

@@ -95,3 +95,16 @@ def estimate_memory(w: StepWorkload) -> MemoryEstimate:
         gpu_reserve=w.hw.gpu.reserve_gib * GIB, host_state=state_per_param * params, host_staging=staging,
         host_activations=host_acts, params=params,
     )
+
+
+def memory_shortfalls(mem: MemoryEstimate, gpu_budget: float, host_budget: float) -> list[str]:
+    """Human-readable reasons a policy does not fit; empty when it does."""
+    problems = []
+    if mem.gpu_peak > gpu_budget:
+        problems.append(f"GPU peak {mem.gpu_peak / GIB:.1f} GiB exceeds the budget of {gpu_budget / GIB:.1f} GiB "
+                        f"(weights {mem.gpu_weights / GIB:.1f}, grads {mem.gpu_grads / GIB:.1f}, "
+                        f"activations {mem.gpu_activations / GIB:.1f}, loss {mem.gpu_loss / GIB:.1f}, "
+                        f"reserve {mem.gpu_reserve / GIB:.1f})")
+    if mem.host_total > host_budget:
+        problems.append(f"host memory {mem.host_total / GIB:.1f} GiB exceeds the limit of {host_budget / GIB:.1f} GiB")
+    return problems

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from slidedp.model.demands import resource_demands
 from slidedp.model.memory import MemoryEstimate, estimate_memory
 
+from slidedp.exposure import limiter
 from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload, collective_usage, resource_capacities
 
 
@@ -36,9 +37,8 @@ class StepEstimate:
 
     @property
     def limiter(self) -> str:
-        """What the step mostly waits on: ``compute`` or the largest exposure category."""
-        worst = max(self.exposure, key=self.exposure.get) if self.exposure else "compute"
-        return worst if self.exposure.get(worst, 0.0) > self.compute_s else "compute"
+        """What the step mostly waits on: ``compute`` or an exposure category."""
+        return limiter(self.compute_s, self.exposure)
 
 
 def lower_bound(w: StepWorkload) -> float:

@@ -8,10 +8,10 @@ import pandas as pd
 import simpy
 from slidedp.sim.fluid import FluidNetwork
 
-from slidedp.exposure import exposure_from_chain
+from slidedp.exposure import exposure_from_chain, limiter
 from slidedp.schedule import Plan, build_plan
 from slidedp.trace import make_trace
-from slidedp.workload import StepWorkload, resource_capacities
+from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload, resource_capacities
 
 
 @dataclass
@@ -32,8 +32,21 @@ class SimResult:
 
     @property
     def bottleneck(self) -> str:
+        """The busiest resource (largest fraction of the step at full capacity)."""
         util = self.utilization
         return max(util, key=util.get)
+
+    def mean_exposure(self) -> dict[str, float]:
+        """Exposed seconds per category, averaged over ranks."""
+        return {c: float(self.exposure[c].mean()) for c in EXPOSURE_CATEGORIES}
+
+    @property
+    def compute_s(self) -> float:
+        return float(self.exposure["compute"].mean())
+
+    @property
+    def limiter(self) -> str:
+        return limiter(self.compute_s, self.mean_exposure())
 
 
 class _Execution:

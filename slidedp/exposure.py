@@ -44,3 +44,16 @@ def exposure_from_chain(plan: Plan, start, end, blocker, ranks: int, step_time: 
             _walk(plan, start, end, blocker, t, step_time, last_op, exposed)
         rows.append({"rank": r, "compute": compute, **exposed})
     return pd.DataFrame(rows)
+
+
+def limiter(compute_s: float, exposure: dict[str, float]) -> str:
+    """What a step mostly waits on.
+
+    A step is host-bound by category X when X's exposed time is the largest exposed category and exceeds
+    a tenth of the step; otherwise the GPUs are busy enough to call it compute-bound.
+    """
+    total = compute_s + sum(exposure.values())
+    worst = max(exposure, key=exposure.get) if exposure else None
+    if worst is None or exposure[worst] <= 0.1 * total:
+        return "compute"
+    return worst

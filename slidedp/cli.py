@@ -1,0 +1,88 @@
+"""Command-line entry point: ``slidedp simulate`` (and the commands later issues add).
+
+Every user mistake ends as one ``slidedp: error: ...`` line on stderr with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from slidedp.errors import SlideDPError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage dump
+        raise SlideDPError(message)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def add_problem_args(p: argparse.ArgumentParser, batch_default: int | None = 32) -> None:
+    """Arguments that define the training problem, shared by simulate, tune, sweep and train."""
+    p.add_argument("--model", default="qwen3-14b", help="preset name or path to a HF config.json (default qwen3-14b)")
+    p.add_argument("--hardware", default="h100-sxm-x4",
+                   help="preset name or profile YAML/JSON (default h100-sxm-x4)")
+    p.add_argument("--gpus", type=positive_int, help="use this many of the profile's GPUs")
+    p.add_argument("--seq", type=positive_int, default=4096, help="sequence length in tokens (default 4096)")
+    p.add_argument("--batch", type=positive_int, default=batch_default,
+                   help="global batch in sequences per optimizer step")
+    p.add_argument("--gpu-budget", type=positive_float, metavar="GIB",
+                   help="GPU memory budget per GPU in GiB (default: the GPU's memory)")
+    p.add_argument("--host-limit", type=positive_float, metavar="GIB",
+                   help="host memory limit in GiB (default: 90%% of the host's memory)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="slidedp", description="Simulate, tune and run host-resident layer-streaming training.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sim = sub.add_parser("simulate", help="predict step time, throughput, bottleneck and exposure of one policy")
+    add_problem_args(sim)
+    sim.add_argument("--policy", help="policy YAML (default: sharded routes, recompute, micro-batch 1)")
+    sim.add_argument("--trace", help="write the simulated trace (.json for Perfetto, .csv or .parquet)")
+    sim.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
+    sim.set_defaults(func=_cmd_simulate)
+    return parser
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from slidedp.commands.simulate import run_simulate
+
+    return run_simulate(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return args.func(args)
+    except SlideDPError as exc:
+        print(f"slidedp: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("slidedp: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per CLI command, so importing the CLI stays cheap."""

@@ -1,0 +1,95 @@
+"""``slidedp simulate``: analytical estimate and discrete-event simulation of one policy, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.table import Table
+from slidedp.model import estimate_step, memory_shortfalls
+from slidedp.sim import simulate
+
+from slidedp.errors import SlideDPError
+from slidedp.hardware import GIB
+from slidedp.problem import resolve_budget, resolve_problem
+from slidedp.trace import save_trace
+from slidedp.workload import EXPOSURE_CATEGORIES
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    spec, hw, policy, w = resolve_problem(args.model, args.hardware, args.gpus, args.seq, args.batch, args.policy)
+    budget = resolve_budget(hw, args.gpu_budget, args.host_limit)
+    est = estimate_step(w)
+    problems = memory_shortfalls(est.memory, budget.gpu_bytes, budget.host_bytes)
+    if problems:
+        raise SlideDPError("policy does not fit: " + "; ".join(problems))
+    result = simulate(w)
+    if args.trace:
+        save_trace(result.trace, args.trace)
+    summary = {
+        "model": spec.name, "hardware": hw.name, "gpus": hw.num_gpus, "seq": w.seq, "batch": w.global_batch,
+        "tokens_per_step": w.tokens_per_step, "policy": policy.to_dict(),
+        "simulated": {"step_time_s": result.step_time_s, "tokens_per_s": result.tokens_per_s,
+                      "bottleneck": result.bottleneck, "limiter": result.limiter,
+                      "compute_s": result.compute_s, "exposure_s": result.mean_exposure()},
+        "analytical": {"step_time_s": est.step_time_s, "lower_bound_s": est.lower_bound_s,
+                       "tokens_per_s": est.tokens_per_s, "bottleneck": est.bottleneck, "limiter": est.limiter,
+                       "exposure_s": est.exposure},
+        "model_tflops_per_gpu": w.model_flops_per_step() / result.step_time_s / hw.num_gpus / 1e12,
+        "memory": {"gpu_peak_gib": est.memory.gpu_peak_gib(), "gpu_budget_gib": budget.gpu_bytes / GIB,
+                   "host_total_gib": est.memory.host_total_gib(),
+                   "host_state_bytes_per_param": est.memory.host_bytes_per_param},
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_tables(summary, result, est)
+    return 0
+
+
+def _print_tables(s: dict, result, est) -> None:
+    console = Console()
+    console.print(f"[bold]{s['model']}[/] on [bold]{s['hardware']}[/] ({s['gpus']} GPU) - seq {s['seq']}, "
+                  f"batch {s['batch']} ({s['tokens_per_step']:,} tokens/step)")
+    p = s["policy"]
+    console.print(f"policy: params {p['param_route']}, grads {p['grad_route']}, {p['chunks_per_layer']} chunks/layer, "
+                  f"prefetch {p['prefetch_depth']}, activations {p['activation']}, micro-batch {p['micro_batch']} x "
+                  f"{p['accumulation']}, update {p['update_schedule']}")
+
+    step = Table(title="Step")
+    step.add_column("metric")
+    step.add_column("simulated (DES)", justify="right")
+    step.add_column("analytical", justify="right")
+    sim, ana = s["simulated"], s["analytical"]
+    step.add_row("step time (s)", f"{sim['step_time_s']:.3f}", f"{ana['step_time_s']:.3f}")
+    step.add_row("tokens/s", f"{sim['tokens_per_s']:,.0f}", f"{ana['tokens_per_s']:,.0f}")
+    step.add_row("model TFLOP/s per GPU", f"{s['model_tflops_per_gpu']:.0f}", "")
+    step.add_row("busiest resource", sim["bottleneck"], ana["bottleneck"])
+    step.add_row("limited by", sim["limiter"], ana["limiter"])
+    step.add_row("lower bound (s)", "", f"{ana['lower_bound_s']:.3f}")
+    console.print(step)
+
+    exp = Table(title="Where the GPU time goes (rank mean, seconds)")
+    exp.add_column("category")
+    exp.add_column("simulated", justify="right")
+    exp.add_column("% of step", justify="right")
+    exp.add_column("analytical", justify="right")
+    exp.add_row("compute", f"{sim['compute_s']:.3f}", f"{100 * sim['compute_s'] / sim['step_time_s']:.1f}",
+                f"{est.compute_s:.3f}")
+    for c in EXPOSURE_CATEGORIES:
+        exp.add_row(f"exposed {c}", f"{sim['exposure_s'][c]:.3f}",
+                    f"{100 * sim['exposure_s'][c] / sim['step_time_s']:.1f}", f"{ana['exposure_s'][c]:.3f}")
+    console.print(exp)
+
+    util = Table(title="Busiest resources (simulated)")
+    util.add_column("resource")
+    util.add_column("busy (s)", justify="right")
+    util.add_column("utilization", justify="right")
+    for name, frac in sorted(result.utilization.items(), key=lambda kv: -kv[1])[:8]:
+        util.add_row(name, f"{result.busy_s[name]:.3f}", f"{100 * frac:.1f}%")
+    console.print(util)
+
+    mem = s["memory"]
+    console.print(f"memory: GPU peak {mem['gpu_peak_gib']:.1f} / {mem['gpu_budget_gib']:.1f} GiB per GPU; "
+                  f"host {mem['host_total_gib']:.1f} GiB ({mem['host_state_bytes_per_param']:.0f} B/param state)")

@@ -1,0 +1,53 @@
+"""Resolve CLI-level inputs (names, paths, sizes) into a checked StepWorkload.
+
+Shared by simulate, tune, sweep and (later) train so that every command validates the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slidedp.errors import SlideDPError
+from slidedp.hardware import GIB, HardwareProfile, load_hardware
+from slidedp.model_spec import ModelSpec, load_model_spec
+from slidedp.policy import Policy, default_policy
+from slidedp.workload import StepWorkload
+
+HOST_USABLE_FRACTION = 0.9  # leave room for the OS, the Python processes and page cache
+
+
+@dataclass(frozen=True)
+class Budget:
+    gpu_bytes: float
+    host_bytes: float
+
+
+def resolve_hardware(name: str, gpus: int | None) -> HardwareProfile:
+    hw = load_hardware(name)
+    if gpus is not None and gpus != hw.num_gpus:
+        if gpus > hw.num_gpus:
+            raise SlideDPError(f"--gpus {gpus}: hardware {hw.name!r} has only {hw.num_gpus} GPU(s)")
+        hw = hw.with_gpus(gpus)
+    return hw
+
+
+def resolve_budget(hw: HardwareProfile, gpu_budget_gib: float | None, host_limit_gib: float | None) -> Budget:
+    gpu = (gpu_budget_gib if gpu_budget_gib is not None else hw.gpu.memory_gib) * GIB
+    if gpu > hw.gpu.memory_gib * GIB:
+        raise SlideDPError(f"--gpu-budget {gpu_budget_gib} GiB exceeds the GPU's {hw.gpu.memory_gib} GiB")
+    host = (host_limit_gib if host_limit_gib is not None else HOST_USABLE_FRACTION * hw.host.memory_gib) * GIB
+    return Budget(gpu, host)
+
+
+def resolve_policy(path: str | None, batch: int, hw: HardwareProfile) -> Policy:
+    if path is None:
+        return default_policy(batch, hw.num_gpus)
+    return Policy.load(path)
+
+
+def resolve_problem(model: str, hardware: str, gpus: int | None, seq: int, batch: int,
+                    policy_path: str | None) -> tuple[ModelSpec, HardwareProfile, Policy, StepWorkload]:
+    spec = load_model_spec(model)
+    hw = resolve_hardware(hardware, gpus)
+    policy = resolve_policy(policy_path, batch, hw)
+    return spec, hw, policy, StepWorkload(spec, hw, policy, seq, batch)
