@@ -3,7 +3,7 @@
 The simulator resolves every chunk of every rank with bandwidth sharing; this model follows the same
 stream order (slidedp.schedule) one unit at a time for one representative rank, treats consecutive
 chunked stages as pipelined (a stage may start once the previous one finished its first chunk), and
-then stretches each phase (forward, backward, tail) to the host-memory and duplex-PCIe floors of the
+then stretches each phase (forward; backward including the tail) to the host-memory and duplex-PCIe floors of the
 work issued in it. It runs in well under a millisecond, which is what lets the tuner rank thousands
 of policies before refining a few with the simulator.
 """
@@ -59,6 +59,9 @@ class _Recurrence:
         if sw is not None:  # GPUs behind one switch split its uplink when they copy together
             h2d_bw = min(h2d_bw, caps["uplink_h2d[0]"] / len(sw.gpus))
             d2h_bw = min(d2h_bw, caps["uplink_d2h[0]"] / len(sw.gpus))
+        # Ranks run in lockstep, so every rank copies at once: each gets at most 1/N of host DRAM.
+        h2d_bw = min(h2d_bw, caps["hostmem"] / n)
+        d2h_bw = min(d2h_bw, caps["hostmem"] / n)
         coll_bw = w.collective_cap()
         if w.hw.link.kind != "nvlink":
             coll_bw = min(coll_bw, caps["h2d[0]"], caps["d2h[0]"], caps["pcie[0]"] / 2)
@@ -77,15 +80,32 @@ class _Recurrence:
         # CPU update work per parameter, in seconds (one rank's worker) and DRAM bytes (all ranks).
         reduce_b = w.cpu_reduce_host_bytes(1.0) if w.needs_cpu_reduce() else 0.0
         adam_b, cast_b = w.adam_host_bytes(1.0), w.cast_host_bytes(1.0)
-        sec_per_param = ((reduce_b / w.cpu_reduce_cap() if reduce_b else 0.0) + adam_b / w.adam_cap()
-                         + cast_b / w.cast_cap()) / n  # each worker carries 1/N of the updates on average
-        self.upd = [sec_per_param * p for p in params]
+        alone = (reduce_b / w.cpu_reduce_cap() if reduce_b else 0.0) + adam_b / w.adam_cap() + cast_b / w.cast_cap()
+        together = n * (reduce_b + adam_b + cast_b) / caps["hostmem"]  # all workers stream DRAM at once
+        sec_per_param = max(alone, together)
+        # Update lanes: reduce-scatter gives every worker 1/N of each chunk, so one lane stands for all;
+        # per-rank gradients give whole chunks to owners round-robin, so each owner is its own lane.
+        self.lanes = 1 if w.policy.grad_route == "reduce_scatter" or n == 1 else n
+        self.lane_work: list[list[tuple[int, float]]] = []
+        for u, p in enumerate(params):
+            if self.lanes == 1:
+                self.lane_work.append([(0, sec_per_param * p / n)])
+            else:
+                counts = [0] * n
+                for ch in range(c):
+                    counts[(u * c + ch) % n] += 1
+                self.lane_work.append([(k, sec_per_param * p * m / c) for k, m in enumerate(counts) if m])
+        self.upd = [max(t for _, t in lw) for lw in self.lane_work]
         self.host_upd = [(reduce_b + adam_b + cast_b) * p for p in params]
-        k_host = collective_usage(w.hw, 0).get("hostmem", 0.0)
+        coll = collective_usage(w.hw, 0)
+        k_host, k_pcie = coll.get("hostmem", 0.0), coll.get("pcie[0]", 0.0)
         self.host_h2d = [n * k_h2d * p for p in params]
         self.host_d2h = [n * k_d2h * p for p in params]
         self.host_ag = [n * k_ag * k_host * p for p in params]
         self.host_rs = [n * k_rs * k_host * p for p in params]
+        # PCIe bytes (all ranks) of collectives that bounce through host memory (no peer access).
+        self.pcie_ag = [n * k_ag * k_pcie * p for p in params]
+        self.pcie_rs = [n * k_rs * k_pcie * p for p in params]
         self.host_ckpt = [n * u.checkpoint_bytes if o else 0.0 for u, o in zip(units, offl, strict=True)]
 
     def _pipelined(self, free: float, prev_start: float, prev_dur: float, prev_end: float, dur: float,
@@ -98,19 +118,25 @@ class _Recurrence:
         w, c = self.w, self.c
         units, depth, schedule = w.units, w.policy.prefetch_depth, w.policy.update_schedule
         nu = len(units)
-        gpu = h2d = d2h = ag = rs = cpu = 0.0
+        gpu = h2d = d2h = ag = rs = 0.0
+        lanes = [0.0] * self.lanes
         upd_start, upd_end = [0.0] * nu, [0.0] * nu
         fwd_end, bwd_end, ckpt_end, grad_end = [0.0] * nu, [0.0] * nu, [0.0] * nu, [0.0] * nu
         exposure = dict.fromkeys(EXPOSURE_CATEGORIES, 0.0)
-        host = {"fwd": 0.0, "bwd": 0.0, "tail": 0.0}
+        host = {"fwd": 0.0, "bwd": 0.0}
         duplex = {"fwd": 0.0, "bwd": 0.0}
 
-        def updates_in_order(gate: float) -> float:
-            nonlocal cpu
+        def update(u: int, feed_start: float, feed_dur: float, feed_end: float) -> None:
+            """Each owner lane updates its chunks of unit ``u``, chunk-pipelined behind its feeder."""
+            upd_start[u], upd_end[u] = float("inf"), 0.0
+            for k, dur in self.lane_work[u]:
+                start, lanes[k] = self._pipelined(lanes[k], feed_start, feed_dur, feed_end, dur)
+                upd_start[u] = min(upd_start[u], start)
+                upd_end[u] = max(upd_end[u], lanes[k])
+
+        def updates_in_order(gate: float) -> None:
             for u in range(nu):
-                upd_start[u] = max(cpu, gate)
-                cpu = upd_end[u] = upd_start[u] + self.upd[u]
-            return cpu
+                update(u, gate, 0.0, gate)
 
         def deliver(u: int, gate: float, from_cpu: bool) -> tuple[float, str]:
             nonlocal h2d, ag
@@ -138,7 +164,7 @@ class _Recurrence:
             gate = fwd_end[u - depth] if u >= depth else 0.0
             ready, why = deliver(u, gate, schedule == "next_forward")
             host["fwd"] += self.host_h2d[u] + self.host_ag[u] + self.host_ckpt[u]
-            duplex["fwd"] += self.host_h2d[u] + self.host_ckpt[u]
+            duplex["fwd"] += self.host_h2d[u] + self.host_ckpt[u] + self.pcie_ag[u]
             wait(ready, why)
             gpu = fwd_end[u] = max(gpu, ready) + units[u].fwd_s
             if self.ckpt_out[u]:
@@ -151,7 +177,7 @@ class _Recurrence:
             if not w.resident_in_backward(u):
                 ready, why = deliver(u, gate, False)
                 host["bwd"] += self.host_h2d[u] + self.host_ag[u]
-                duplex["bwd"] += self.host_h2d[u]
+                duplex["bwd"] += self.host_h2d[u] + self.pcie_ag[u]
             if self.ckpt_in[u]:
                 h2d = max(h2d, ckpt_end[u], gate) + self.ckpt_in[u]
                 host["bwd"] += self.host_ckpt[u]
@@ -169,18 +195,19 @@ class _Recurrence:
             ds, grad_end[u] = self._pipelined(d2h, rs_start, self.rs[u], rs if self.rs[u] else gpu, self.d2h[u])
             d2h = grad_end[u]
             host["bwd"] += self.host_d2h[u] + self.host_rs[u]
-            duplex["bwd"] += self.host_d2h[u]
+            duplex["bwd"] += self.host_d2h[u] + self.pcie_rs[u]
             if schedule == "as_ready":
-                _, cpu = self._pipelined(cpu, ds, self.d2h[u], grad_end[u], self.upd[u])
+                update(u, ds, self.d2h[u], grad_end[u])
                 host["bwd"] += self.host_upd[u]
         gpu_done = gpu
         if schedule == "after_backward":
             updates_in_order(max(d2h, gpu))
-            host["tail"] += sum(self.host_upd)
+            host["bwd"] += sum(self.host_upd)
+        cpu = max(lanes)
         end = max(gpu, h2d, d2h, ag, rs, cpu)
         tail_why = "cpu" if cpu >= max(d2h, rs) else ("d2h" if d2h >= rs else "collective")
         exposure[tail_why] += end - gpu_done
-        return {"fwd": fwd_done, "bwd": gpu_done - fwd_done, "tail": end - gpu_done, "host": host,
+        return {"fwd": fwd_done, "bwd": end - fwd_done, "host": host,
                 "duplex": duplex, "exposure": exposure}
 
 
@@ -189,13 +216,12 @@ def estimate_step(w: StepWorkload, with_memory: bool = True) -> StepEstimate:
     caps = resource_capacities(w.hw)
     exposure = rec["exposure"]
     total = 0.0
-    for phase in ("fwd", "bwd", "tail"):
+    for phase in ("fwd", "bwd"):  # the backward window runs to the end of the step (tail included)
         length = rec[phase]
-        floor = rec["host"][phase] / caps["hostmem"]
-        if phase in rec["duplex"]:
-            floor = max(floor, rec["duplex"][phase] / w.ranks / caps["pcie[0]"])
+        floor = max(rec["host"][phase] / caps["hostmem"], rec["duplex"][phase] / w.ranks / caps["pcie[0]"])
         if floor > length:  # the phase's host traffic cannot fit its pipelined length: DRAM-bound
-            exposure["cpu" if phase == "tail" or w.policy.update_schedule == "next_forward" and phase == "fwd"
+            cpu_heavy = w.policy.update_schedule == ("next_forward" if phase == "fwd" else "as_ready")
+            exposure["cpu" if cpu_heavy or w.policy.update_schedule == "after_backward" and phase == "bwd"
                      else "h2d" if phase == "fwd" else "d2h"] += floor - length
             length = floor
         total += length

@@ -1,0 +1,144 @@
+import json
+
+import pytest
+
+from slidedp.errors import SlideDPError
+from slidedp.hardware import HardwareProfile, hardware_presets, interpolate_curve, load_hardware
+from slidedp.model_spec import ModelSpec, load_model_spec
+from slidedp.policy import Policy, default_policy
+from slidedp.presets.models import MODEL_PRESETS
+
+# Published parameter counts (billions) of each preset's family.
+KNOWN_PARAMS_B = {"qwen3-0.6b": 0.596, "qwen3-4b": 4.022, "qwen3-8b": 8.191, "qwen3-14b": 14.768,
+                  "qwen3-32b": 32.762, "qwen2.5-72b": 72.706, "llama-3-8b": 8.030, "llama-3-70b": 70.554}
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN_PARAMS_B))
+def test_presets_match_published_parameter_counts(name):
+    spec = load_model_spec(name)
+    assert spec.total_params / 1e9 == pytest.approx(KNOWN_PARAMS_B[name], abs=2e-3)
+
+
+def test_hf_config_file_and_directory_give_the_preset(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(MODEL_PRESETS["qwen3-14b"]))
+    from_dir = load_model_spec(str(tmp_path))
+    from_file = load_model_spec(str(tmp_path / "config.json"))
+    preset = load_model_spec("qwen3-14b")
+    for spec in (from_dir, from_file):
+        assert spec.total_params == preset.total_params
+        assert spec.train_flops_per_token(4096) == preset.train_flops_per_token(4096)
+
+
+def test_layer_flops_match_the_h200_probe_formula():
+    # The probe reports 506 TFLOP/s for one Qwen3-14B layer fwd+bwd at 4096 tokens in 17.06 ms.
+    spec = load_model_spec("qwen3-14b")
+    assert spec.layer_params == 330_311_936
+    per_token = 3 * (spec.layer_linear_flops_per_token() + spec.layer_attention_flops_per_token(4096))
+    assert per_token * 4096 / 17.0609e-3 / 1e12 == pytest.approx(506.0, rel=0.01)
+
+
+def test_activation_policies_order_memory():
+    spec = load_model_spec("qwen3-8b")
+    assert spec.full_activation_bytes_per_token() > 10 * spec.checkpoint_bytes_per_token()
+
+
+@pytest.mark.parametrize("cfg, message", [
+    ({"hidden_size": 64}, "lacks required key"),
+    ({**MODEL_PRESETS["qwen3-8b"], "hidden_size": "big"}, "non-numeric"),
+    ({**MODEL_PRESETS["qwen3-8b"], "num_hidden_layers": 0}, "layers must be a positive integer"),
+    ({**MODEL_PRESETS["qwen3-8b"], "num_key_value_heads": 5}, "multiple of kv_heads"),
+])
+def test_malformed_model_configs(tmp_path, cfg, message):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(SlideDPError, match=message):
+        load_model_spec(str(path))
+
+
+def test_unknown_model_and_broken_json(tmp_path):
+    with pytest.raises(SlideDPError, match="unknown model"):
+        load_model_spec("gpt-17")
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(SlideDPError, match="cannot read model config"):
+        load_model_spec(str(bad))
+
+
+def test_hardware_presets_load_and_round_trip(tmp_path):
+    assert {"h100-sxm-x1", "h100-sxm-x4", "h100-sxm-x8", "rtx4090-x4", "h200-x1"} <= set(hardware_presets())
+    for name in hardware_presets():
+        hw = load_hardware(name)
+        path = tmp_path / f"{name}.yaml"
+        hw.save(path)
+        assert load_hardware(str(path)) == hw
+    assert load_hardware("rtx4090-x4").link.kind == "host"
+
+
+def test_h200_profile_carries_the_measurements():
+    hw = load_hardware("h200-x1")
+    assert hw.gpu.h2d_gbps == pytest.approx(55.4)
+    assert hw.host.adam_rate(16) == pytest.approx(4.643e9)
+    assert hw.host.adam_rate(8) == pytest.approx(3.054e9)
+
+
+def test_thread_curve_interpolation():
+    curve = {4: 2.0, 8: 3.0, 16: 4.0}
+    assert interpolate_curve(curve, 2) == 1.0
+    assert interpolate_curve(curve, 6) == 2.5
+    assert interpolate_curve(curve, 64) == 4.0
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(bogus=1), "unknown key 'bogus'"),
+    (lambda d: d.pop("gpu"), "missing required key 'gpu'"),
+    (lambda d: d["gpu"].update(h2d_gbps=-3), "h2d_gbps must be positive"),
+    (lambda d: d["gpu"].update(h2d_gbps="fast"), "expected a number"),
+    (lambda d: d["host"].update(cores=2.5), "expected an integer"),
+    (lambda d: d["link"].update(kind="carrier-pigeon"), "is not one of"),
+    (lambda d: d.update(switches=[{"gpus": [0, 9], "uplink_gbps": 10}]), "not in 0..3"),
+])
+def test_hardware_schema_errors(mutate, message):
+    data = load_hardware("h100-sxm-x4").to_dict()
+    mutate(data)
+    with pytest.raises(SlideDPError, match=message):
+        HardwareProfile.from_dict(data)
+
+
+def test_malformed_yaml_files(tmp_path):
+    bad = tmp_path / "hw.yaml"
+    bad.write_text("gpu: [unclosed")
+    with pytest.raises(SlideDPError, match="malformed hardware profile"):
+        load_hardware(str(bad))
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(SlideDPError, match="must hold a mapping"):
+        load_hardware(str(bad))
+    with pytest.raises(SlideDPError, match="unknown hardware"):
+        load_hardware("tpu-v9")
+
+
+def test_policy_round_trip_and_errors(tmp_path):
+    policy = Policy(param_route="replicated", grad_route="per_rank", chunks_per_layer=8, activation="offload",
+                    micro_batch=2, accumulation=3, adam_threads=6, update_schedule="as_ready")
+    path = tmp_path / "policy.yaml"
+    policy.save(path)
+    assert Policy.load(path) == policy
+    with pytest.raises(SlideDPError, match="chunks_per_layer must be a positive integer"):
+        Policy(chunks_per_layer=0)
+    path.write_text("param_route: teleport\n")
+    with pytest.raises(SlideDPError, match="is not one of"):
+        Policy.load(path)
+    path.write_text("micro_batch: -2\n")
+    with pytest.raises(SlideDPError, match="micro_batch must be a positive integer"):
+        Policy.load(path)
+
+
+def test_default_policy_divides_the_batch():
+    p = default_policy(32, 4)
+    assert p.micro_batch * p.accumulation * 4 == 32
+    with pytest.raises(SlideDPError, match="multiple of the GPU count"):
+        default_policy(6, 4)
+
+
+def test_model_spec_rejects_bad_sizes():
+    with pytest.raises(SlideDPError):
+        ModelSpec(name="x", layers=-1, hidden=8, ffn=8, heads=1, kv_heads=1, head_dim=8, vocab=8)
