@@ -1,1 +1,1 @@
-"""placeholder"""
+"""Micro-benchmarks and fits that produce HardwareProfiles. Not built yet: see the calibration issue."""

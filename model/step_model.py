@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from slidedp.exposure import limiter
 from slidedp.model.demands import resource_demands
 from slidedp.model.memory import MemoryEstimate, estimate_memory
-
-from slidedp.exposure import limiter
 from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload, collective_usage, resource_capacities
 
 
@@ -85,7 +84,8 @@ class _Recurrence:
         sec_per_param = max(alone, together)
         # Update lanes: reduce-scatter gives every worker 1/N of each chunk, so one lane stands for all;
         # per-rank gradients give whole chunks to owners round-robin, so each owner is its own lane.
-        self.lanes = 1 if w.policy.grad_route == "reduce_scatter" or n == 1 else n
+        # When the chunk count is a multiple of N, every owner gets the same share of every unit: one lane.
+        self.lanes = 1 if w.policy.grad_route == "reduce_scatter" or c % n == 0 else n
         self.lane_work: list[list[tuple[int, float]]] = []
         for u, p in enumerate(params):
             if self.lanes == 1:
@@ -109,10 +109,14 @@ class _Recurrence:
         self.host_ckpt = [n * u.checkpoint_bytes if o else 0.0 for u, o in zip(units, offl, strict=True)]
 
     def _pipelined(self, free: float, prev_start: float, prev_dur: float, prev_end: float, dur: float,
-                   *gates: float) -> tuple[float, float]:
+                   gate: float = 0.0) -> tuple[float, float]:
         """Start and end of a chunked stage fed chunk by chunk by the previous stage."""
-        start = max(free, prev_start + prev_dur / self.c, *gates)
-        return start, max(start + dur, prev_end + dur / self.c)
+        start = free if free > gate else gate
+        first = prev_start + prev_dur / self.c
+        if first > start:
+            start = first
+        end = prev_end + dur / self.c
+        return start, (start + dur if start + dur > end else end)
 
     def run(self) -> dict:
         w, c = self.w, self.c
@@ -120,16 +124,21 @@ class _Recurrence:
         nu = len(units)
         gpu = h2d = d2h = ag = rs = 0.0
         lanes = [0.0] * self.lanes
+        lane_work = self.lane_work
         upd_start, upd_end = [0.0] * nu, [0.0] * nu
         fwd_end, bwd_end, ckpt_end, grad_end = [0.0] * nu, [0.0] * nu, [0.0] * nu, [0.0] * nu
         exposure = dict.fromkeys(EXPOSURE_CATEGORIES, 0.0)
-        host = {"fwd": 0.0, "bwd": 0.0}
-        duplex = {"fwd": 0.0, "bwd": 0.0}
 
         def update(u: int, feed_start: float, feed_dur: float, feed_end: float) -> None:
             """Each owner lane updates its chunks of unit ``u``, chunk-pipelined behind its feeder."""
+            work = lane_work[u]
+            if len(work) == 1:
+                k, dur = work[0]
+                upd_start[u], lanes[k] = self._pipelined(lanes[k], feed_start, feed_dur, feed_end, dur)
+                upd_end[u] = lanes[k]
+                return
             upd_start[u], upd_end[u] = float("inf"), 0.0
-            for k, dur in self.lane_work[u]:
+            for k, dur in work:
                 start, lanes[k] = self._pipelined(lanes[k], feed_start, feed_dur, feed_end, dur)
                 upd_start[u] = min(upd_start[u], start)
                 upd_end[u] = max(upd_end[u], lanes[k])
@@ -153,72 +162,85 @@ class _Recurrence:
                 return ag, ("collective" if ag > he + self.ag[u] / c + 1e-15 else why)
             return he, why
 
+        fwd_s = [unit.fwd_s for unit in units]
+        bwd_s = [unit.bwd_s for unit in units]
+        resident = [w.resident_in_backward(u) for u in range(nu)]
+        ckpt_out, ckpt_in, rs_t, d2h_t = self.ckpt_out, self.ckpt_in, self.rs, self.d2h
+
         def wait(ready: float, why: str) -> None:
             if ready > gpu:
                 exposure[why] += ready - gpu
 
         if schedule == "next_forward":
             updates_in_order(0.0)
-            host["fwd"] += sum(self.host_upd)
         for u in range(nu):
             gate = fwd_end[u - depth] if u >= depth else 0.0
             ready, why = deliver(u, gate, schedule == "next_forward")
-            host["fwd"] += self.host_h2d[u] + self.host_ag[u] + self.host_ckpt[u]
-            duplex["fwd"] += self.host_h2d[u] + self.host_ckpt[u] + self.pcie_ag[u]
             wait(ready, why)
-            gpu = fwd_end[u] = max(gpu, ready) + units[u].fwd_s
-            if self.ckpt_out[u]:
-                d2h = ckpt_end[u] = max(d2h, gpu) + self.ckpt_out[u]
+            gpu = fwd_end[u] = (gpu if gpu > ready else ready) + fwd_s[u]
+            if ckpt_out[u]:
+                d2h = ckpt_end[u] = max(d2h, gpu) + ckpt_out[u]
         fwd_done = gpu
         for u in range(nu - 1, -1, -1):
             later = u + depth
             gate = bwd_end[later] if later < nu else 0.0
             ready, why = gpu, "bubble"
-            if not w.resident_in_backward(u):
+            if not resident[u]:
                 ready, why = deliver(u, gate, False)
-                host["bwd"] += self.host_h2d[u] + self.host_ag[u]
-                duplex["bwd"] += self.host_h2d[u] + self.pcie_ag[u]
-            if self.ckpt_in[u]:
-                h2d = max(h2d, ckpt_end[u], gate) + self.ckpt_in[u]
-                host["bwd"] += self.host_ckpt[u]
-                duplex["bwd"] += self.host_ckpt[u]
+            if ckpt_in[u]:
+                h2d = max(h2d, ckpt_end[u], gate) + ckpt_in[u]
                 if h2d > ready:
                     ready, why = h2d, "h2d"
             if later < nu and grad_end[later] > ready:
                 ready, why = grad_end[later], "d2h"
             wait(ready, why)
-            gpu = bwd_end[u] = max(gpu, ready) + units[u].bwd_s
+            gpu = bwd_end[u] = (gpu if gpu > ready else ready) + bwd_s[u]
             rs_start = gpu
-            if self.rs[u]:
+            if rs_t[u]:
                 rs_start = max(rs, gpu)
-                rs = rs_start + self.rs[u]
-            ds, grad_end[u] = self._pipelined(d2h, rs_start, self.rs[u], rs if self.rs[u] else gpu, self.d2h[u])
+                rs = rs_start + rs_t[u]
+            ds, grad_end[u] = self._pipelined(d2h, rs_start, rs_t[u], rs if rs_t[u] else gpu, d2h_t[u])
             d2h = grad_end[u]
-            host["bwd"] += self.host_d2h[u] + self.host_rs[u]
-            duplex["bwd"] += self.host_d2h[u] + self.pcie_rs[u]
             if schedule == "as_ready":
-                update(u, ds, self.d2h[u], grad_end[u])
-                host["bwd"] += self.host_upd[u]
+                update(u, ds, d2h_t[u], grad_end[u])
         gpu_done = gpu
         if schedule == "after_backward":
             updates_in_order(max(d2h, gpu))
-            host["bwd"] += sum(self.host_upd)
         cpu = max(lanes)
         end = max(gpu, h2d, d2h, ag, rs, cpu)
         tail_why = "cpu" if cpu >= max(d2h, rs) else ("d2h" if d2h >= rs else "collective")
         exposure[tail_why] += end - gpu_done
-        return {"fwd": fwd_done, "bwd": end - fwd_done, "host": host,
-                "duplex": duplex, "exposure": exposure}
+        return {"fwd": fwd_done, "bwd": end - fwd_done, "exposure": exposure}
+
+    def phase_traffic(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Host DRAM bytes and PCIe duplex bytes (all ranks) issued in the forward and backward windows."""
+        w = self.w
+        nu = len(w.units)
+        resident = [w.resident_in_backward(u) for u in range(nu)]
+        fwd_host = sum(self.host_h2d) + sum(self.host_ag) + sum(self.host_ckpt)
+        fwd_pcie = sum(self.host_h2d) + sum(self.host_ckpt) + sum(self.pcie_ag)
+        refetch = [u for u in range(nu) if not resident[u]]
+        bwd_host = (sum(self.host_h2d[u] + self.host_ag[u] for u in refetch) + sum(self.host_ckpt)
+                    + sum(self.host_d2h) + sum(self.host_rs))
+        bwd_pcie = (sum(self.host_h2d[u] + self.pcie_ag[u] for u in refetch) + sum(self.host_ckpt)
+                    + sum(self.host_d2h) + sum(self.pcie_rs))
+        if w.policy.update_schedule == "next_forward":
+            fwd_host += sum(self.host_upd)
+        else:
+            bwd_host += sum(self.host_upd)
+        return {"fwd": fwd_host, "bwd": bwd_host}, {"fwd": fwd_pcie, "bwd": bwd_pcie}
 
 
 def estimate_step(w: StepWorkload, with_memory: bool = True) -> StepEstimate:
-    rec = _Recurrence(w).run()
+    recurrence = _Recurrence(w)
+    rec = recurrence.run()
+    host, duplex = recurrence.phase_traffic()
     caps = resource_capacities(w.hw)
     exposure = rec["exposure"]
     total = 0.0
     for phase in ("fwd", "bwd"):  # the backward window runs to the end of the step (tail included)
         length = rec[phase]
-        floor = max(rec["host"][phase] / caps["hostmem"], rec["duplex"][phase] / w.ranks / caps["pcie[0]"])
+        floor = max(host[phase] / caps["hostmem"], duplex[phase] / w.ranks / caps["pcie[0]"])
         if floor > length:  # the phase's host traffic cannot fit its pipelined length: DRAM-bound
             cpu_heavy = w.policy.update_schedule == ("next_forward" if phase == "fwd" else "as_ready")
             exposure["cpu" if cpu_heavy or w.policy.update_schedule == "after_backward" and phase == "bwd"

@@ -93,28 +93,41 @@ class FluidNetwork:
         flows = self.flows
         if not flows:
             return
-        left = list(self.capacity)
+        capacity = self.capacity
+        left: dict[int, float] = {}
         for f in flows:
             f.rate = 0.0
-        active = list(flows)
+            for i, _ in f.usage:
+                left[i] = capacity[i]
+        active = flows
         while active:
             weight: dict[int, float] = {}
+            step = math.inf
             for f in active:
+                room = f.cap - f.rate
+                if room < step:
+                    step = room
                 for i, k in f.usage:
                     weight[i] = weight.get(i, 0.0) + k
-            step = math.inf
             for i, wsum in weight.items():
                 s = left[i] / wsum
                 if s < step:
                     step = s
             for f in active:
-                s = f.cap - f.rate
-                if s < step:
-                    step = s
-            for f in active:
                 f.rate += step
+            saturated = set()
             for i, wsum in weight.items():
-                left[i] -= step * wsum
-            saturated = {i for i in weight if left[i] <= 1e-9 * self.capacity[i]}
-            active = [f for f in active
-                      if f.rate < f.cap * (1 - 1e-9) and not any(i in saturated for i, _ in f.usage)]
+                remaining = left[i] - step * wsum
+                left[i] = remaining
+                if remaining <= 1e-9 * capacity[i]:
+                    saturated.add(i)
+            still = []
+            for f in active:
+                if f.rate >= f.cap * (1 - 1e-9):
+                    continue
+                for i, _ in f.usage:
+                    if i in saturated:
+                        break
+                else:
+                    still.append(f)
+            active = still

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 import simpy
-from slidedp.sim.fluid import FluidNetwork
 
 from slidedp.exposure import exposure_from_chain, limiter
 from slidedp.schedule import Plan, build_plan
+from slidedp.sim.fluid import FluidNetwork
 from slidedp.trace import make_trace
 from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload, resource_capacities
 

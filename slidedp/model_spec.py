@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 
 from slidedp.errors import SlideDPError
@@ -50,7 +51,7 @@ class ModelSpec:
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
-    @property
+    @cached_property
     def layer_params(self) -> int:
         """Parameters of one decoder layer (attention, MLP and the two RMSNorms)."""
         h = self.hidden
@@ -71,7 +72,7 @@ class ModelSpec:
         """Final norm plus lm_head; a tied head owns only the norm (its matrix is the embedding)."""
         return self.hidden + (0 if self.tied_embeddings else self.vocab * self.hidden)
 
-    @property
+    @cached_property
     def total_params(self) -> int:
         return self.embedding_params + self.layers * self.layer_params + self.head_params
 

@@ -157,9 +157,14 @@ class StepWorkload:
     def num_units(self) -> int:
         return len(self.units)
 
+    @cached_property
+    def _resident(self) -> tuple[bool, ...]:
+        first = len(self.units) - self.policy.prefetch_depth
+        return tuple(u >= first or unit.pinned for u, unit in enumerate(self.units))
+
     def resident_in_backward(self, u: int) -> bool:
         """The last ``prefetch_depth`` units of the forward are still on the GPU when backward starts."""
-        return u >= self.num_units - self.policy.prefetch_depth or self.units[u].pinned
+        return self._resident[u]
 
     def offloads_checkpoint(self, u: int) -> bool:
         return self.units[u].checkpoint_bytes > 0 and not self.resident_in_backward(u)

@@ -1,10 +1,10 @@
 """Limiting cases: with every resource but one made free, simulator and model equal the closed form."""
 
 import pytest
-from slidedp.model import estimate_step
-from slidedp.sim import simulate
 
+from slidedp.model import estimate_step
 from slidedp.policy import Policy
+from slidedp.sim import simulate
 from slidedp.workload import StepWorkload
 from tests.conftest import free_machine, tiny_model, with_gpu, with_host, with_link
 

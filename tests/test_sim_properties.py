@@ -3,10 +3,10 @@ replicated H2D saturates a host whose DRAM is slower than the links together, fl
 
 import pytest
 import simpy
-from slidedp.sim import simulate
-from slidedp.sim.fluid import FluidNetwork
 
 from slidedp.policy import Policy
+from slidedp.sim import simulate
+from slidedp.sim.fluid import FluidNetwork
 from slidedp.workload import StepWorkload
 from tests.conftest import free_machine, tiny_model, with_gpu, with_host, with_link
 from tests.test_sim_vs_model import SWEEP

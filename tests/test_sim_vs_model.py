@@ -3,13 +3,13 @@
 import random
 
 import pytest
-from slidedp.model import estimate_memory, estimate_step, lower_bound, memory_shortfalls
-from slidedp.model.demands import op_totals
-from slidedp.sim import simulate
 
 from slidedp.hardware import GIB, load_hardware
+from slidedp.model import estimate_memory, estimate_step, lower_bound, memory_shortfalls
+from slidedp.model.demands import op_totals
 from slidedp.model_spec import load_model_spec
 from slidedp.policy import Policy
+from slidedp.sim import simulate
 from slidedp.workload import StepWorkload
 
 MODELS = ["qwen3-0.6b", "qwen3-4b", "qwen3-8b", "llama-3-8b"]

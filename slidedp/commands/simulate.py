@@ -7,12 +7,12 @@ import json
 
 from rich.console import Console
 from rich.table import Table
-from slidedp.model import estimate_step, memory_shortfalls
-from slidedp.sim import simulate
 
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GIB
+from slidedp.model import estimate_step, memory_shortfalls
 from slidedp.problem import resolve_budget, resolve_problem
+from slidedp.sim import simulate
 from slidedp.trace import save_trace
 from slidedp.workload import EXPOSURE_CATEGORIES
 
