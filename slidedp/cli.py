@@ -62,6 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--trace", help="write the simulated trace (.json for Perfetto, .csv or .parquet)")
     sim.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
     sim.set_defaults(func=_cmd_simulate)
+
+    tune = sub.add_parser("tune", help="search policies under a memory budget and write the best as YAML")
+    add_problem_args(tune)
+    tune.add_argument("--tokens-per-step", type=positive_int,
+                      help="target tokens per optimizer step (overrides --batch)")
+    tune.add_argument("--chunks", type=positive_int, nargs="+", help="chunks per layer to try (default 1 2 4 8 16)")
+    tune.add_argument("--top-k", type=positive_int, default=8, help="candidates refined with the simulator")
+    tune.add_argument("--out", default="policy.yaml", help="where to write the winning policy (default policy.yaml)")
+    tune.add_argument("--table", help="ranked table CSV (default: <out>_ranked.csv)")
+    tune.add_argument("--show", type=positive_int, default=12, help="rows of the ranked table to print")
+    tune.set_defaults(func=_cmd_tune)
     return parser
 
 
@@ -69,6 +80,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from slidedp.commands.simulate import run_simulate
 
     return run_simulate(args)
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from slidedp.commands.tune import run_tune
+
+    return run_tune(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from slidedp.errors import SlideDPError
-from slidedp.hardware import GB, HardwareProfile
+from slidedp.hardware import GB, GPUSpec, HardwareProfile
 from slidedp.model_spec import BF16_BYTES, ModelSpec
 from slidedp.policy import Policy
 
@@ -89,10 +89,51 @@ def collective_usage(hw: HardwareProfile, gpu: int) -> dict[str, float]:
     return usage
 
 
+def build_units(m: ModelSpec, gpu: GPUSpec, activation: str, micro_batch: int, accumulation: int,
+                seq: int) -> tuple[Unit, ...]:
+    """Streamed units with per-rank step times and FLOPs for one micro-batching and activation policy.
+
+    Separate from StepWorkload so a tuner can reuse units across policies that share these inputs.
+    """
+    accum, mb_tokens = accumulation, seq * micro_batch
+    tokens_per_rank = mb_tokens * accumulation
+    overhead = gpu.layer_overhead_us * 1e-6
+    recompute = activation in ("recompute", "offload")
+
+    lin = m.layer_linear_flops_per_token() * mb_tokens
+    attn = m.layer_attention_flops_per_token(seq) * mb_tokens
+    layer_fwd_s = gpu.linear_time(lin, mb_tokens) + gpu.attention_time(attn) + overhead
+    layer_fwd_flops = (lin + attn) * accum
+    bwd_pass_s = 2 * (gpu.linear_time(lin, mb_tokens) + gpu.attention_time(attn)) + overhead
+    layer_bwd_s = (bwd_pass_s + (layer_fwd_s if recompute else 0.0)) * accum
+    layer_bwd_flops = (2 + (1 if recompute else 0)) * (lin + attn) * accum
+    ckpt = (m.checkpoint_bytes_per_token() * tokens_per_rank) if activation == "offload" else 0.0
+
+    head_lin = m.head_flops_per_token() * mb_tokens
+    head_fwd_s = gpu.linear_time(head_lin, mb_tokens) + overhead
+    head_bwd_s = (2 * gpu.linear_time(head_lin, mb_tokens) + overhead + head_fwd_s) * accum
+
+    units = [Unit(0, "embed", "embed", m.embedding_params, 0.0, overhead * accum, 0.0, overhead * accum, 0.0)]
+    for i in range(m.layers):
+        units.append(Unit(i + 1, f"layer{i}", "layer", m.layer_params, layer_fwd_flops, layer_fwd_s * accum,
+                          layer_bwd_flops, layer_bwd_s, ckpt))
+    # The chunked loss recomputes each logits chunk in backward, so the head always pays 3x fwd + 1 fwd.
+    units.append(Unit(m.layers + 1, "head", "head", m.head_params, head_lin * accum, head_fwd_s * accum,
+                      3 * head_lin * accum, head_bwd_s, 0.0))
+    if m.tied_embeddings:
+        # The head multiplies by the embedding matrix, so that matrix stays on the GPU all step and
+        # its gradient (lookup + head) leaves once, after the embedding's backward.
+        units[0] = Unit(0, "embed", "embed", m.embedding_params, 0.0, overhead * accum, 0.0,
+                        overhead * accum, 0.0, pinned=True)
+    return tuple(units)
+
+
+
 class StepWorkload:
     """Model x hardware x policy x (seq, global batch): every quantity one step moves or computes."""
 
-    def __init__(self, model: ModelSpec, hw: HardwareProfile, policy: Policy, seq: int, global_batch: int):
+    def __init__(self, model: ModelSpec, hw: HardwareProfile, policy: Policy, seq: int, global_batch: int,
+                 units: tuple[Unit, ...] | None = None):
         if not isinstance(seq, int) or seq < 1:
             raise SlideDPError(f"sequence length must be a positive integer, got {seq!r}")
         if not isinstance(global_batch, int) or global_batch < 1:
@@ -111,6 +152,8 @@ class StepWorkload:
         self.adam_threads = threads
         self.tokens_per_rank = seq * policy.sequences_per_rank()
         self.tokens_per_micro_batch = seq * policy.micro_batch
+        if units is not None:  # precomputed by build_units for the same model, GPU, activation and batching
+            self.__dict__["units"] = units
 
     @staticmethod
     def _adam_threads(hw: HardwareProfile, policy: Policy) -> int:
@@ -118,40 +161,11 @@ class StepWorkload:
             return policy.adam_threads
         return max(1, hw.host.cores // hw.num_gpus)
 
-    # ---- units --------------------------------------------------------------------------------------
+    # ---- units ----------------------------------------------------------------------------------------------
     @cached_property
     def units(self) -> tuple[Unit, ...]:
-        m, gpu, pol = self.model, self.hw.gpu, self.policy
-        accum, mb_tokens = pol.accumulation, self.tokens_per_micro_batch
-        overhead = gpu.layer_overhead_us * 1e-6
-        recompute = pol.activation in ("recompute", "offload")
-
-        lin = m.layer_linear_flops_per_token() * mb_tokens
-        attn = m.layer_attention_flops_per_token(self.seq) * mb_tokens
-        layer_fwd_s = gpu.linear_time(lin, mb_tokens) + gpu.attention_time(attn) + overhead
-        layer_fwd_flops = (lin + attn) * accum
-        bwd_pass_s = 2 * (gpu.linear_time(lin, mb_tokens) + gpu.attention_time(attn)) + overhead
-        layer_bwd_s = (bwd_pass_s + (layer_fwd_s if recompute else 0.0)) * accum
-        layer_bwd_flops = (2 + (1 if recompute else 0)) * (lin + attn) * accum
-        ckpt = (m.checkpoint_bytes_per_token() * self.tokens_per_rank) if pol.activation == "offload" else 0.0
-
-        head_lin = m.head_flops_per_token() * mb_tokens
-        head_fwd_s = gpu.linear_time(head_lin, mb_tokens) + overhead
-        head_bwd_s = (2 * gpu.linear_time(head_lin, mb_tokens) + overhead + head_fwd_s) * accum
-
-        units = [Unit(0, "embed", "embed", m.embedding_params, 0.0, overhead * accum, 0.0, overhead * accum, 0.0)]
-        for i in range(m.layers):
-            units.append(Unit(i + 1, f"layer{i}", "layer", m.layer_params, layer_fwd_flops, layer_fwd_s * accum,
-                              layer_bwd_flops, layer_bwd_s, ckpt))
-        # The chunked loss recomputes each logits chunk in backward, so the head always pays 3x fwd + 1 fwd.
-        units.append(Unit(m.layers + 1, "head", "head", m.head_params, head_lin * accum, head_fwd_s * accum,
-                          3 * head_lin * accum, head_bwd_s, 0.0))
-        if m.tied_embeddings:
-            # The head multiplies by the embedding matrix, so that matrix stays on the GPU all step and
-            # its gradient (lookup + head) leaves once, after the embedding's backward.
-            units[0] = Unit(0, "embed", "embed", m.embedding_params, 0.0, overhead * accum, 0.0,
-                            overhead * accum, 0.0, pinned=True)
-        return tuple(units)
+        pol = self.policy
+        return build_units(self.model, self.hw.gpu, pol.activation, pol.micro_batch, pol.accumulation, self.seq)
 
     @property
     def num_units(self) -> int:

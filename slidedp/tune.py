@@ -1,0 +1,157 @@
+"""Auto-tuner: enumerate policies, prune by memory, rank with the analytical model, refine with the DES.
+
+The analytical model is cheap (well under a millisecond) but approximate; the simulator is exact for
+the modelled machine but costs a fraction of a second. Ranking everything with the first and re-ranking
+the best few with the second gets the simulator's answer at the model's price.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from slidedp.errors import SlideDPError
+from slidedp.hardware import GIB, HardwareProfile
+from slidedp.model import estimate_memory, estimate_step
+from slidedp.model.memory import MemoryEstimate
+from slidedp.model.step_model import StepEstimate
+from slidedp.model_spec import ModelSpec
+from slidedp.policy import ACTIVATION_POLICIES, GRAD_ROUTES, PARAM_ROUTES, UPDATE_SCHEDULES, Policy
+from slidedp.problem import Budget
+from slidedp.sim import SimResult, simulate
+from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload, Unit, build_units
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class TuneSpace:
+    """The axes the tuner searches; each tuple lists the values tried."""
+
+    param_routes: tuple[str, ...] = PARAM_ROUTES
+    grad_routes: tuple[str, ...] = GRAD_ROUTES
+    chunks_per_layer: tuple[int, ...] = (1, 2, 4, 8, 16)
+    prefetch_depths: tuple[int, ...] = (1, 2, 3, 4)
+    activations: tuple[str, ...] = ACTIVATION_POLICIES
+    micro_batches: tuple[int, ...] | None = None  # None: every divisor of the per-rank batch up to 16
+    update_schedules: tuple[str, ...] = UPDATE_SCHEDULES
+    # Adam threads per rank as a fraction of the cores a rank owns; below 1 leaves cores to copies and Python.
+    thread_fractions: tuple[float, ...] = (1.0, 0.5)
+
+
+@dataclass
+class Candidate:
+    policy: Policy
+    estimate: StepEstimate
+    memory: MemoryEstimate
+    sim: SimResult | None = None
+
+    @property
+    def sim_step_s(self) -> float | None:
+        return None if self.sim is None else self.sim.step_time_s
+
+
+@dataclass
+class TuneResult:
+    best: Candidate
+    candidates: list[Candidate]  # feasible ones, ranked (refined first, by simulated step time)
+    enumerated: int
+    elapsed_s: float
+    workloads: dict[int, StepWorkload] = field(default_factory=dict, repr=False)
+
+    def table(self) -> pd.DataFrame:
+        """One row per feasible candidate, best first: predictions, memory and the policy's fields."""
+        rows = []
+        for rank, cand in enumerate(self.candidates, start=1):
+            est, mem = cand.estimate, cand.memory
+            row = {
+                "rank": rank,
+                "sim_step_s": cand.sim_step_s,
+                "model_step_s": est.step_time_s,
+                "tokens_per_s": (est.tokens_per_s if cand.sim is None else cand.sim.tokens_per_s),
+                "bottleneck": est.bottleneck if cand.sim is None else cand.sim.bottleneck,
+                "limiter": est.limiter if cand.sim is None else cand.sim.limiter,
+                "compute_s": est.compute_s,
+                **{f"exposed_{c}_s": (est.exposure[c] if cand.sim is None else cand.sim.mean_exposure()[c])
+                   for c in EXPOSURE_CATEGORIES},
+                "gpu_peak_gib": mem.gpu_peak / GIB,
+                "host_gib": mem.host_total / GIB,
+            }
+            row.update(cand.policy.to_dict())
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def enumerate_policies(space: TuneSpace, hw: HardwareProfile, global_batch: int) -> list[Policy]:
+    n = hw.num_gpus
+    if global_batch < n or global_batch % n:
+        raise SlideDPError(f"global batch {global_batch} must be a positive multiple of the GPU count {n}")
+    per_rank = global_batch // n
+    micro = space.micro_batches or tuple(d for d in range(1, min(per_rank, 16) + 1) if per_rank % d == 0)
+    micro = tuple(m for m in micro if per_rank % m == 0)
+    if not micro:
+        raise SlideDPError(f"no micro-batch in {space.micro_batches} divides the per-rank batch {per_rank}")
+    # With one GPU the routes are the same thing: keep one spelling of each.
+    param_routes = space.param_routes if n > 1 else space.param_routes[:1]
+    grad_routes = space.grad_routes if n > 1 else space.grad_routes[:1]
+    threads = sorted({max(1, int(hw.host.cores // n * f)) for f in space.thread_fractions}, reverse=True)
+    policies = []
+    for pr, gr, ch, pd_, act, mb, sched, th in itertools.product(
+            param_routes, grad_routes, space.chunks_per_layer, space.prefetch_depths, space.activations, micro,
+            space.update_schedules, threads):
+        policies.append(Policy(param_route=pr, grad_route=gr, chunks_per_layer=ch, prefetch_depth=pd_,
+                               activation=act, micro_batch=mb, accumulation=per_rank // mb, adam_threads=th,
+                               update_schedule=sched))
+    return policies
+
+
+def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, budget: Budget,
+         space: TuneSpace | None = None, refine_top: int = 8, progress: Progress | None = None) -> TuneResult:
+    """Best policy for the problem under ``budget``; raises SlideDPError naming the budget needed if none fits."""
+    t0 = time.perf_counter()
+    policies = enumerate_policies(space or TuneSpace(), hw, global_batch)
+    units_cache: dict[tuple, tuple[Unit, ...]] = {}
+    feasible: list[Candidate] = []
+    workloads: dict[int, StepWorkload] = {}
+    smallest_gpu = smallest_host = float("inf")
+    smallest_policy: Policy | None = None
+    total = len(policies) + refine_top
+    for i, policy in enumerate(policies):
+        key = (policy.activation, policy.micro_batch, policy.accumulation)
+        if key not in units_cache:
+            units_cache[key] = build_units(model, hw.gpu, *key, seq)
+        w = StepWorkload(model, hw, policy, seq, global_batch, units=units_cache[key])
+        mem = estimate_memory(w)
+        smallest_host = min(smallest_host, mem.host_total)
+        if mem.host_total <= budget.host_bytes and mem.gpu_peak < smallest_gpu:
+            smallest_gpu, smallest_policy = mem.gpu_peak, policy
+        if mem.gpu_peak <= budget.gpu_bytes and mem.host_total <= budget.host_bytes:
+            workloads[id(policy)] = w
+            feasible.append(Candidate(policy, estimate_step(w, with_memory=False), mem))
+        if progress and i % 64 == 0:
+            progress(i, total)
+    if not feasible:
+        if smallest_gpu == float("inf"):
+            raise SlideDPError(f"no policy fits the host memory limit of {budget.host_bytes / GIB:.1f} GiB; "
+                               f"the smallest needs {smallest_host / GIB:.1f} GiB")
+        p = smallest_policy
+        raise SlideDPError(f"no policy fits a GPU budget of {budget.gpu_bytes / GIB:.1f} GiB; the smallest "
+                           f"feasible budget is {smallest_gpu / GIB:.1f} GiB (activations {p.activation}, "
+                           f"micro-batch {p.micro_batch}, prefetch {p.prefetch_depth}, {p.chunks_per_layer} chunks)")
+    feasible.sort(key=lambda c: c.estimate.step_time_s)
+    for j, cand in enumerate(feasible[:refine_top]):
+        cand.sim = simulate(workloads[id(cand.policy)])
+        if progress:
+            progress(len(policies) + j, total)
+    # Among simulated times within 0.1% of each other prefer the policy that needs less GPU memory.
+    fastest = min(c.sim.step_time_s for c in feasible[:refine_top])
+    refined = sorted(feasible[:refine_top],
+                     key=lambda c: (round(c.sim.step_time_s / fastest, 3), c.memory.gpu_peak, c.sim.step_time_s))
+    ranked = refined + feasible[refine_top:]
+    if progress:
+        progress(total, total)
+    return TuneResult(ranked[0], ranked, len(policies), time.perf_counter() - t0, workloads)

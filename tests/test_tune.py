@@ -1,0 +1,89 @@
+import pytest
+import yaml
+
+from slidedp.cli import main
+from slidedp.errors import SlideDPError
+from slidedp.hardware import GIB, load_hardware
+from slidedp.model import estimate_memory
+from slidedp.model_spec import load_model_spec
+from slidedp.policy import Policy
+from slidedp.problem import Budget, resolve_budget
+from slidedp.sim import simulate
+from slidedp.tune import TuneSpace, enumerate_policies, tune
+from slidedp.workload import StepWorkload
+
+SMALL = TuneSpace(chunks_per_layer=(1, 4), prefetch_depths=(1, 2), activations=("recompute", "offload"),
+                  micro_batches=(1, 2), update_schedules=("next_forward", "as_ready"), thread_fractions=(1.0,))
+
+
+@pytest.mark.parametrize("hardware, batch", [("h100-sxm-x4", 8), ("h200-x1", 4)])
+def test_pick_equals_brute_force_simulated_optimum(hardware, batch):
+    model, hw = load_model_spec("qwen3-0.6b"), load_hardware(hardware)
+    budget = resolve_budget(hw, None, None)
+    result = tune(model, hw, 2048, batch, budget, SMALL, refine_top=8)
+    brute = min(simulate(StepWorkload(model, hw, p, 2048, batch)).step_time_s
+                for p in enumerate_policies(SMALL, hw, batch))
+    assert result.best.sim_step_s == pytest.approx(brute, rel=1e-3)
+    assert result.best.sim_step_s >= brute * (1 - 1e-12)
+
+
+def test_no_returned_policy_exceeds_the_budget():
+    model, hw = load_model_spec("qwen3-8b"), load_hardware("h200-x1")
+    budget = Budget(gpu_bytes=22 * GIB, host_bytes=115 * GIB)
+    result = tune(model, hw, 4096, 8, budget, refine_top=3)
+    assert result.enumerated > len(result.candidates) > 0  # the budget pruned something
+    for cand in result.candidates:
+        mem = estimate_memory(StepWorkload(model, hw, cand.policy, 4096, 8))
+        assert mem.gpu_peak <= budget.gpu_bytes and mem.host_total <= budget.host_bytes
+    assert result.table()["gpu_peak_gib"].max() <= 22
+
+
+def test_impossible_budget_names_the_smallest_feasible_one():
+    model, hw = load_model_spec("qwen3-8b"), load_hardware("h200-x1")
+    with pytest.raises(SlideDPError, match=r"smallest feasible budget is ([\d.]+) GiB \(activations") as info:
+        tune(model, hw, 4096, 8, Budget(gpu_bytes=4 * GIB, host_bytes=115 * GIB), refine_top=1)
+    needed = float(info.value.args[0].rsplit("is ", 1)[1].split(" GiB")[0])
+    result = tune(model, hw, 4096, 8, Budget(gpu_bytes=(needed + 0.05) * GIB, host_bytes=115 * GIB), refine_top=1)
+    assert result.candidates and result.best.memory.gpu_peak <= (needed + 0.05) * GIB
+
+
+def test_host_limit_too_small_is_reported():
+    model, hw = load_model_spec("qwen3-14b"), load_hardware("h200-x1")
+    with pytest.raises(SlideDPError, match="host memory limit"):
+        tune(model, hw, 4096, 1, Budget(gpu_bytes=100 * GIB, host_bytes=100 * GIB), refine_top=1)
+
+
+def test_enumeration_covers_the_space_without_duplicates():
+    hw = load_hardware("h100-sxm-x4")
+    policies = enumerate_policies(TuneSpace(), hw, 32)
+    assert len(policies) >= 1000 and len(set(policies)) == len(policies)
+    assert {p.micro_batch * p.accumulation for p in policies} == {8}
+    single = enumerate_policies(TuneSpace(), load_hardware("h200-x1"), 8)
+    assert {(p.param_route, p.grad_route) for p in single} == {("replicated", "per_rank")}
+
+
+def test_cli_tune_writes_policy_and_ranked_table(tmp_path, capsys):
+    out = tmp_path / "policy.yaml"
+    code = main(["tune", "--model", "qwen3-0.6b", "--hardware", "h100-sxm-x4", "--seq", "2048", "--batch", "8",
+                 "--chunks", "2", "4", "--top-k", "3", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    policy = Policy.load(out)
+    assert yaml.safe_load(out.read_text())["chunks_per_layer"] in (2, 4)
+    table = (tmp_path / "policy_ranked.csv").read_text().splitlines()
+    assert table[0].startswith("rank,sim_step_s,model_step_s") and len(table) > 10
+    code = main(["simulate", "--model", "qwen3-0.6b", "--hardware", "h100-sxm-x4", "--seq", "2048", "--batch", "8",
+                 "--policy", str(out)])
+    assert code == 0 and policy.micro_batch * policy.accumulation * 4 == 8
+
+
+def test_cli_tune_tokens_per_step_and_errors(tmp_path, capsys):
+    code = main(["tune", "--model", "qwen3-0.6b", "--hardware", "h200-x1", "--seq", "1024", "--tokens-per-step",
+                 "3000", "--chunks", "1", "--top-k", "1", "--out", str(tmp_path / "p.yaml")])
+    assert code == 0
+    assert Policy.load(tmp_path / "p.yaml").sequences_per_rank() == 3  # 3000 tokens -> 3 sequences of 1024
+    capsys.readouterr()
+    code = main(["tune", "--model", "qwen3-8b", "--hardware", "h200-x1", "--gpu-budget", "3", "--out",
+                 str(tmp_path / "q.yaml")])
+    err = capsys.readouterr().err
+    assert code == 2 and "smallest feasible budget" in err and err.count("\n") == 1
+    assert not (tmp_path / "q.yaml").exists()
