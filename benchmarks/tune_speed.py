@@ -3,7 +3,7 @@
     python benchmarks/tune_speed.py
 
 Prints, per problem, how many candidates were enumerated, how many fit, and the wall time including
-the simulator refinement of the top 8.
+the simulator refinement of the top 6.
 """
 
 from __future__ import annotations

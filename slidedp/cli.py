@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--policy", help="policy YAML (default: sharded routes, recompute, micro-batch 1)")
     sim.add_argument("--trace", help="write the simulated trace (.json for Perfetto, .csv or .parquet)")
     sim.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
+    sim.add_argument("--out", help="write a run directory (trace, exposure, summary, policy, hardware) here")
     sim.set_defaults(func=_cmd_simulate)
 
     tune = sub.add_parser("tune", help="search policies under a memory budget and write the best as YAML")
@@ -68,11 +69,31 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--tokens-per-step", type=positive_int,
                       help="target tokens per optimizer step (overrides --batch)")
     tune.add_argument("--chunks", type=positive_int, nargs="+", help="chunks per layer to try (default 1 2 4 8 16)")
-    tune.add_argument("--top-k", type=positive_int, default=8, help="candidates refined with the simulator")
+    tune.add_argument("--top-k", type=positive_int, default=6, help="candidates refined with the simulator (default 6)")
     tune.add_argument("--out", default="policy.yaml", help="where to write the winning policy (default policy.yaml)")
     tune.add_argument("--table", help="ranked table CSV (default: <out>_ranked.csv)")
     tune.add_argument("--show", type=positive_int, default=12, help="rows of the ranked table to print")
     tune.set_defaults(func=_cmd_tune)
+
+    sweep = sub.add_parser("sweep", help="simulate a grid of batch, sequence length, GPU count and policy")
+    add_problem_args(sweep, batch_default=None)
+    sweep.add_argument("--seqs", type=positive_int, nargs="+", help="sequence lengths (default: --seq)")
+    sweep.add_argument("--batches", type=positive_int, nargs="+", default=[4, 8, 16, 32, 64],
+                       help="global batches in sequences (default 4 8 16 32 64)")
+    sweep.add_argument("--gpu-counts", type=positive_int, nargs="+", help="GPU counts (default: 1, 2, 4... up "
+                       "to the profile's)")
+    sweep.add_argument("--policies", nargs="+", default=["sharded", "replicated"],
+                       help="policy presets (sharded, replicated, sharded-as-ready, zero-offload-like) or YAML files")
+    sweep.add_argument("--analytical", action="store_true", help="use the analytical model only (fast)")
+    sweep.add_argument("--out", default="sweep.csv", help="tidy table (.csv or .parquet; default sweep.csv)")
+    sweep.set_defaults(func=_cmd_sweep)
+
+    report = sub.add_parser("report", help="plots and a one-page summary of a run directory or trace file")
+    report.add_argument("run", help="run directory (slidedp simulate --out) or a trace file")
+    report.add_argument("--sweep", help="sweep table from slidedp sweep, for the throughput plot")
+    report.add_argument("--validation", help="CSV with label, predicted_s, measured_s for the y=x plot")
+    report.add_argument("--out", default="report", help="output directory (default ./report)")
+    report.set_defaults(func=_cmd_report)
     return parser
 
 
@@ -86,6 +107,18 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from slidedp.commands.tune import run_tune
 
     return run_tune(args)
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from slidedp.commands.report import run_sweep_command
+
+    return run_sweep_command(args)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from slidedp.commands.report import run_report
+
+    return run_report(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

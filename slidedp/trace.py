@@ -18,7 +18,7 @@ TRACE_COLUMNS: tuple[str, ...] = (
 )
 _DTYPES = {"rank": "int64", "layer": "int64", "chunk": "int64", "micro_batch": "int64", "start_s": "float64",
            "end_s": "float64", "bytes": "float64", "flops": "float64", "host_bytes": "float64",
-           "resource": "object", "op": "object"}
+           "resource": "str", "op": "str"}
 
 
 def make_trace(rows: list[tuple]) -> pd.DataFrame:
@@ -33,7 +33,10 @@ def validate_trace(df: pd.DataFrame) -> pd.DataFrame:
         raise SlideDPError(f"trace lacks column(s): {', '.join(missing)}")
     if (df["end_s"] < df["start_s"]).any():
         raise SlideDPError("trace has an operation that ends before it starts")
-    return df
+    try:
+        return df[list(TRACE_COLUMNS)].astype(_DTYPES)
+    except (TypeError, ValueError) as exc:
+        raise SlideDPError(f"trace has a column of the wrong type: {exc}") from None
 
 
 def load_trace(path: str | Path) -> pd.DataFrame:

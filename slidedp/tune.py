@@ -110,7 +110,7 @@ def enumerate_policies(space: TuneSpace, hw: HardwareProfile, global_batch: int)
 
 
 def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, budget: Budget,
-         space: TuneSpace | None = None, refine_top: int = 8, progress: Progress | None = None) -> TuneResult:
+         space: TuneSpace | None = None, refine_top: int = 6, progress: Progress | None = None) -> TuneResult:
     """Best policy for the problem under ``budget``; raises SlideDPError naming the budget needed if none fits."""
     t0 = time.perf_counter()
     policies = enumerate_policies(space or TuneSpace(), hw, global_batch)

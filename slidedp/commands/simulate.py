@@ -12,6 +12,7 @@ from slidedp.errors import SlideDPError
 from slidedp.hardware import GIB
 from slidedp.model import estimate_step, memory_shortfalls
 from slidedp.problem import resolve_budget, resolve_problem
+from slidedp.report.rundir import write_run_dir
 from slidedp.sim import simulate
 from slidedp.trace import save_trace
 from slidedp.workload import EXPOSURE_CATEGORIES
@@ -29,7 +30,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         save_trace(result.trace, args.trace)
     summary = {
         "model": spec.name, "hardware": hw.name, "gpus": hw.num_gpus, "seq": w.seq, "batch": w.global_batch,
-        "tokens_per_step": w.tokens_per_step, "policy": policy.to_dict(),
+        "tokens_per_step": w.tokens_per_step, "policy": policy.to_dict(), "source": "simulated",
+        "step_time_s": result.step_time_s, "tokens_per_s": result.tokens_per_s, "limiter": result.limiter,
+        "bottleneck": result.bottleneck,
         "simulated": {"step_time_s": result.step_time_s, "tokens_per_s": result.tokens_per_s,
                       "bottleneck": result.bottleneck, "limiter": result.limiter,
                       "compute_s": result.compute_s, "exposure_s": result.mean_exposure()},
@@ -41,6 +44,8 @@ def run_simulate(args: argparse.Namespace) -> int:
                    "host_total_gib": est.memory.host_total_gib(),
                    "host_state_bytes_per_param": est.memory.host_bytes_per_param},
     }
+    if args.out:
+        write_run_dir(args.out, result.trace, result.exposure, summary, policy, hw)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

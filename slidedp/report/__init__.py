@@ -1,0 +1,1 @@
+"""Run directories, plots and one-page summaries for simulated and (later) measured steps."""

@@ -1,0 +1,70 @@
+"""A run directory: what a simulated or measured step leaves behind, in one layout for both.
+
+    trace.parquet    the trace table (slidedp.trace schema)
+    exposure.csv     per-rank compute and exposed seconds (optional: inferred from the trace otherwise)
+    summary.json     problem, policy, predicted/measured step time, throughput, limiter, memory
+    policy.yaml, hardware.yaml   what was run, on what
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from slidedp.errors import SlideDPError
+from slidedp.exposure import exposure_from_trace
+from slidedp.trace import load_trace, save_trace
+
+
+@dataclass
+class RunDir:
+    path: Path
+    trace: pd.DataFrame
+    exposure: pd.DataFrame
+    summary: dict
+
+
+def write_run_dir(path: str | Path, trace: pd.DataFrame, exposure: pd.DataFrame, summary: dict,
+                  policy=None, hardware=None) -> Path:
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SlideDPError(f"cannot create run directory {str(path)!r}: {exc.strerror}") from None
+    save_trace(trace, path / "trace.parquet")
+    exposure.to_csv(path / "exposure.csv", index=False)
+    (path / "summary.json").write_text(json.dumps(summary, indent=2))
+    if policy is not None:
+        policy.save(path / "policy.yaml")
+    if hardware is not None:
+        hardware.save(path / "hardware.yaml")
+    return path
+
+
+def load_run(path: str | Path) -> RunDir:
+    """A run directory, or a bare trace file (exposure then inferred, summary empty)."""
+    path = Path(path)
+    if path.is_file():
+        trace = load_trace(path)
+        return RunDir(path, trace, exposure_from_trace(trace), {})
+    if not path.is_dir():
+        raise SlideDPError(f"no run directory or trace file at {str(path)!r}")
+    traces = [p for p in (path / "trace.parquet", path / "trace.csv", path / "trace.json") if p.exists()]
+    if not traces:
+        raise SlideDPError(f"run directory {str(path)!r} holds no trace.parquet, trace.csv or trace.json")
+    trace = load_trace(traces[0])
+    summary = {}
+    if (path / "summary.json").exists():
+        try:
+            summary = json.loads((path / "summary.json").read_text())
+        except json.JSONDecodeError as exc:
+            raise SlideDPError(f"malformed {path / 'summary.json'}: {exc}") from None
+    step = summary.get("step_time_s")
+    if (path / "exposure.csv").exists():
+        exposure = pd.read_csv(path / "exposure.csv")
+    else:
+        exposure = exposure_from_trace(trace, step)
+    return RunDir(path, trace, exposure, summary)

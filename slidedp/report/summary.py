@@ -1,0 +1,75 @@
+"""Build every figure for a run (and optionally a sweep and a validation table) and a one-page summary."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from slidedp.report import plots
+from slidedp.report.rundir import RunDir
+from slidedp.workload import EXPOSURE_CATEGORIES
+
+
+@dataclass
+class Report:
+    out: Path
+    figures: dict[str, Path] = field(default_factory=dict)  # name -> PNG path
+    data: dict[str, pd.DataFrame] = field(default_factory=dict)  # name -> what the figure plotted
+    markdown: Path | None = None
+    html: Path | None = None
+
+
+def _describe(run: RunDir) -> list[str]:
+    s = run.summary
+    lines = []
+    if s:
+        lines.append(f"**{s.get('model', '?')}** on **{s.get('hardware', '?')}** ({s.get('gpus', '?')} GPU), "
+                     f"seq {s.get('seq', '?')}, batch {s.get('batch', '?')} "
+                     f"({s.get('tokens_per_step', 0):,} tokens/step), source: {s.get('source', 'unknown')}")
+        if "step_time_s" in s:
+            lines.append(f"Step time **{s['step_time_s']:.3f} s**, **{s.get('tokens_per_s', 0):,.0f} tokens/s**, "
+                         f"limited by **{s.get('limiter', '?')}**, busiest resource {s.get('bottleneck', '?')}.")
+    else:
+        lines.append(f"Trace file {run.path.name} ({len(run.trace)} operations).")
+    exp = run.exposure.drop(columns="rank").mean()
+    total = float(exp.sum())
+    parts = [f"compute {exp['compute']:.3f} s ({100 * exp['compute'] / total:.0f}%)"]
+    parts += [f"exposed {c} {exp[c]:.3f} s" for c in EXPOSURE_CATEGORIES if exp[c] > 0.0005 * total]
+    lines.append("Rank-mean breakdown: " + ", ".join(parts) + ".")
+    return lines
+
+
+def build_report(run: RunDir, out: Path, sweep: pd.DataFrame | None = None,
+                 validation: pd.DataFrame | None = None) -> Report:
+    out.mkdir(parents=True, exist_ok=True)
+    rep = Report(out)
+    name = run.summary.get("model", run.path.stem)
+    rep.data["timeline"] = plots.gantt(run.trace, out / "timeline", f"One step of {name}: operations per resource")
+    rep.figures["timeline"] = out / "timeline.png"
+    rep.data["exposure"] = plots.exposure_bars(run.exposure, out / "exposure",
+                                               "Where each GPU's step time goes")
+    rep.figures["exposure"] = out / "exposure.png"
+    if sweep is not None:
+        rep.data["sweep"] = plots.sweep_plot(sweep, out / "sweep", f"Throughput sweep: {name}")
+        rep.figures["sweep"] = out / "sweep.png"
+    if validation is not None:
+        rep.data["validation"] = plots.predicted_vs_measured(validation, out / "validation",
+                                                             "Predicted vs measured step time")
+        rep.figures["validation"] = out / "validation.png"
+    lines = _describe(run)
+    md = ["# SlideDP report", "", *[f"{line}  " for line in lines], ""]
+    for key, png in rep.figures.items():
+        md += [f"## {key.capitalize()}", "", f"![{key}]({png.name})", ""]
+    rep.markdown = out / "report.md"
+    rep.markdown.write_text("\n".join(md))
+    body = "".join(f"<p>{html.escape(line).replace('**', '')}</p>" for line in lines)
+    body += "".join(f"<h2>{key.capitalize()}</h2><img src='{png.name}' style='max-width:100%'>"
+                    for key, png in rep.figures.items())
+    rep.html = out / "report.html"
+    rep.html.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>SlideDP report</title></head>"
+                        f"<body style='font-family:sans-serif;max-width:1100px;margin:auto'>"
+                        f"<h1>SlideDP report</h1>{body}</body></html>")
+    return rep

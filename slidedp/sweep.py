@@ -1,0 +1,79 @@
+"""Simulate a grid of problems (batch, sequence length, GPU count, policy) into one tidy table."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+
+from slidedp.errors import SlideDPError
+from slidedp.hardware import GIB, HardwareProfile
+from slidedp.model import estimate_step
+from slidedp.model_spec import ModelSpec
+from slidedp.policy import Policy
+from slidedp.sim import simulate
+from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload
+
+POLICY_PRESETS: dict[str, Policy] = {
+    "sharded": Policy(param_route="sharded", grad_route="reduce_scatter"),
+    "replicated": Policy(param_route="replicated", grad_route="per_rank"),
+    "sharded-as-ready": Policy(param_route="sharded", grad_route="reduce_scatter", update_schedule="as_ready"),
+    "zero-offload-like": Policy(param_route="replicated", grad_route="per_rank", update_schedule="after_backward"),
+}
+
+
+def resolve_named_policy(name_or_path: str) -> tuple[str, Policy]:
+    if name_or_path in POLICY_PRESETS:
+        return name_or_path, POLICY_PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise SlideDPError(f"unknown policy {name_or_path!r}: not a preset ({', '.join(POLICY_PRESETS)}) "
+                           "nor a policy YAML file")
+    return path.stem, Policy.load(path)
+
+
+def fit_batch(policy: Policy, per_rank: int) -> Policy:
+    """The policy with micro-batch x accumulation = per_rank, keeping its micro-batch where it divides."""
+    micro = max(d for d in range(1, min(policy.micro_batch, per_rank) + 1) if per_rank % d == 0)
+    return replace(policy, micro_batch=micro, accumulation=per_rank // micro)
+
+
+def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batches: Sequence[int],
+              gpus: Sequence[int], policies: Sequence[tuple[str, Policy]], gpu_budget_gib: float | None = None,
+              simulate_points: bool = True, progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """One row per (seq, batch, gpus, policy); batches that the GPU count does not divide are skipped."""
+    for g in gpus:
+        if g > hw.num_gpus:
+            raise SlideDPError(f"GPU count {g} exceeds the {hw.num_gpus} GPU(s) of {hw.name!r}")
+    grid = [(s, b, g, p) for s, b, g, p in itertools.product(seqs, batches, gpus, policies) if b % g == 0]
+    if not grid:
+        raise SlideDPError("no grid point has a batch divisible by its GPU count")
+    budget = (gpu_budget_gib if gpu_budget_gib is not None else hw.gpu.memory_gib) * GIB
+    rows = []
+    for i, (seq, batch, g, (name, policy)) in enumerate(grid):
+        machine = hw if g == hw.num_gpus else hw.with_gpus(g)
+        fitted = fit_batch(policy, batch // g)
+        w = StepWorkload(model, machine, fitted, seq, batch)
+        est = estimate_step(w)
+        row = {"model": model.name, "hardware": hw.name, "gpus": g, "seq": seq, "batch": batch,
+               "tokens_per_step": w.tokens_per_step, "policy": name, "micro_batch": fitted.micro_batch,
+               "accumulation": fitted.accumulation, "model_step_s": est.step_time_s,
+               "lower_bound_s": est.lower_bound_s, "gpu_peak_gib": est.memory.gpu_peak / GIB,
+               "host_gib": est.memory.host_total / GIB, "fits": bool(est.memory.gpu_peak <= budget)}
+        if simulate_points:
+            sim = simulate(w)
+            exposure = sim.mean_exposure()
+            row.update(step_s=sim.step_time_s, tokens_per_s=sim.tokens_per_s, limiter=sim.limiter,
+                       bottleneck=sim.bottleneck, compute_s=sim.compute_s,
+                       **{f"exposed_{c}_s": exposure[c] for c in EXPOSURE_CATEGORIES}, source="simulated")
+        else:
+            row.update(step_s=est.step_time_s, tokens_per_s=est.tokens_per_s, limiter=est.limiter,
+                       bottleneck=est.bottleneck, compute_s=est.compute_s,
+                       **{f"exposed_{c}_s": est.exposure[c] for c in EXPOSURE_CATEGORIES}, source="analytical")
+        rows.append(row)
+        if progress:
+            progress(i + 1, len(grid))
+    return pd.DataFrame(rows)

@@ -1,0 +1,130 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from slidedp.cli import main
+from slidedp.exposure import exposure_from_trace
+from slidedp.hardware import load_hardware
+from slidedp.model_spec import load_model_spec
+from slidedp.problem import resolve_problem
+from slidedp.report import plots
+from slidedp.report.rundir import load_run, write_run_dir
+from slidedp.report.summary import build_report
+from slidedp.sim import simulate
+from slidedp.sweep import POLICY_PRESETS, run_sweep
+
+
+@pytest.fixture(scope="module")
+def sim_result():
+    *_, w = resolve_problem("qwen3-0.6b", "h100-sxm-x4", None, 2048, 8, None)
+    return simulate(w)
+
+
+@pytest.fixture(scope="module")
+def sweep_table():
+    model, hw = load_model_spec("qwen3-0.6b"), load_hardware("h100-sxm-x4")
+    policies = [(n, POLICY_PRESETS[n]) for n in ("sharded", "replicated")]
+    return run_sweep(model, hw, [1024], [4, 8, 16], [1, 2, 4], policies)
+
+
+def _nontrivial(path, min_bytes=5_000):
+    assert path.exists() and path.stat().st_size > min_bytes, path
+
+
+def test_timeline_plots_exactly_the_trace(sim_result, tmp_path):
+    plotted = plots.gantt(sim_result.trace, tmp_path / "t", "timeline")
+    _nontrivial(tmp_path / "t.png")
+    _nontrivial(tmp_path / "t.svg")
+    trace = sim_result.trace
+    expected = (trace.end_s - trace.start_s).groupby([trace.resource, trace["rank"], trace.op]).sum()
+    got = plotted.set_index(["resource", "rank", "op"])["busy_s"]
+    pd.testing.assert_series_equal(got.sort_index(), expected.sort_index(), check_names=False)
+    assert plotted.ops.sum() == len(trace)
+
+
+def test_host_bandwidth_integrates_to_the_host_bytes(sim_result):
+    bw = plots.host_bandwidth(sim_result.trace)
+    integral = float(np.sum(bw.rate.to_numpy()[:-1] * np.diff(bw.t.to_numpy())))
+    assert integral == pytest.approx(sim_result.trace.host_bytes.sum(), rel=1e-6)
+
+
+def test_exposure_bars_add_up_to_the_step(sim_result, tmp_path):
+    data = plots.exposure_bars(sim_result.exposure, tmp_path / "e", "exposure")
+    _nontrivial(tmp_path / "e.png")
+    totals = data.drop(columns="rank").sum(axis=1)
+    assert totals.to_numpy() == pytest.approx([sim_result.step_time_s] * 4, rel=1e-9)
+
+
+def test_sweep_plot_shows_the_sweep_rows(sweep_table, tmp_path):
+    data = plots.sweep_plot(sweep_table, tmp_path / "s", "sweep")
+    _nontrivial(tmp_path / "s.png")
+    by_batch = data[data.panel == "batch"]
+    rows = sweep_table[sweep_table.gpus == 4]
+    assert len(by_batch) == len(rows)
+    merged = by_batch.merge(rows, left_on=["policy", "x"], right_on=["policy", "batch"])
+    assert merged.tokens_per_s_x.to_numpy() == pytest.approx(merged.tokens_per_s_y.to_numpy())
+    assert (merged.limiter_x == merged.limiter_y).all()
+    by_gpus = data[data.panel == "gpus"]
+    assert sorted(by_gpus.x.unique()) == [1, 2, 4] and len(by_gpus) == 6
+
+
+def test_sweep_table_is_tidy_and_sharded_beats_replicated_when_host_bound(sweep_table):
+    assert len(sweep_table) == 3 * 3 * 2  # batches x GPU counts x policies, every batch divisible
+    assert {"gpus", "seq", "batch", "policy", "step_s", "tokens_per_s", "limiter", "fits"} <= set(sweep_table.columns)
+    small = sweep_table[(sweep_table.gpus == 4) & (sweep_table.batch == 4)].set_index("policy")
+    assert small.loc["sharded", "tokens_per_s"] > small.loc["replicated", "tokens_per_s"]
+
+
+def test_predicted_vs_measured_reports_mape(tmp_path):
+    table = pd.DataFrame({"label": ["a", "b"], "predicted_s": [1.1, 1.8], "measured_s": [1.0, 2.0]})
+    data = plots.predicted_vs_measured(table, tmp_path / "v", "validation")
+    _nontrivial(tmp_path / "v.png")
+    assert data.attrs["mape_percent"] == pytest.approx(10.0)
+
+
+def test_run_dir_round_trip_and_report(sim_result, sweep_table, tmp_path):
+    run_dir = write_run_dir(tmp_path / "run", sim_result.trace, sim_result.exposure,
+                            {"model": "qwen3-0.6b", "step_time_s": sim_result.step_time_s})
+    run = load_run(run_dir)
+    pd.testing.assert_frame_equal(run.trace, sim_result.trace)
+    rep = build_report(run, tmp_path / "rep", sweep_table, None)
+    assert set(rep.figures) == {"timeline", "exposure", "sweep"}
+    text = rep.markdown.read_text()
+    assert all(f"({name}.png)" in text for name in rep.figures)
+    assert "<img" in rep.html.read_text()
+
+
+def test_trace_only_exposure_matches_the_simulators_chains(sim_result):
+    inferred = exposure_from_trace(sim_result.trace, sim_result.step_time_s)
+    pd.testing.assert_frame_equal(inferred, sim_result.exposure, check_exact=False, rtol=1e-9, atol=1e-12)
+
+
+def test_cli_simulate_sweep_report(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["simulate", "--model", "qwen3-0.6b", "--hardware", "h200-x1", "--seq", "1024", "--batch", "2",
+                 "--out", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["source"] == "simulated" and (run / "policy.yaml").exists() and (run / "hardware.yaml").exists()
+    sweep = tmp_path / "sweep.parquet"
+    assert main(["sweep", "--model", "qwen3-0.6b", "--hardware", "h100-sxm-x4", "--seq", "1024", "--batches", "4",
+                 "8", "--policies", "sharded", "zero-offload-like", "--out", str(sweep)]) == 0
+    assert len(pd.read_parquet(sweep)) == 2 * 2 * 3
+    assert main(["report", str(run), "--sweep", str(sweep), "--out", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "report.html").exists() and (tmp_path / "rep" / "sweep.svg").exists()
+    capsys.readouterr()
+    assert main(["report", str(run / "trace.parquet"), "--out", str(tmp_path / "rep2")]) == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["report", "/nonexistent/run"], "no run directory"),
+    (["sweep", "--policies", "fastest"], "unknown policy"),
+    (["sweep", "--gpu-counts", "16"], "exceeds the 4 GPU"),
+    (["sweep", "--out", "table.xlsx"], ".csv or .parquet"),
+])
+def test_report_and_sweep_errors(capsys, argv, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
