@@ -1,0 +1,61 @@
+"""The few device operations the engine needs, for CUDA (streams + events) and for CPU (synchronous).
+
+Keeping both behind one small interface is what lets CI run the exact engine code path on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+
+class Device:
+    def __init__(self, name: str):
+        self.name = name
+        self.is_cuda = name.startswith("cuda")
+        self.torch_device = torch.device(name)
+        if self.is_cuda:
+            self.compute = torch.cuda.current_stream(self.torch_device)
+            self.h2d = torch.cuda.Stream(self.torch_device)
+            self.d2h = torch.cuda.Stream(self.torch_device)
+        else:
+            self.compute = self.h2d = self.d2h = None
+
+    @contextlib.contextmanager
+    def on(self, stream) -> Iterator[None]:
+        if stream is None:
+            yield
+        else:
+            with torch.cuda.stream(stream):
+                yield
+
+    def event(self, stream=None):
+        """An event marking everything issued so far on ``stream`` (None on CPU: work is already done)."""
+        if not self.is_cuda:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(stream or self.compute)
+        return ev
+
+    def wait(self, stream, event) -> None:
+        """Make ``stream`` wait for ``event`` without blocking the host."""
+        if event is not None and stream is not None:
+            stream.wait_event(event)
+
+    @staticmethod
+    def host_wait(event) -> None:
+        """Block the calling host thread until ``event`` completed: required before the CPU reads data a
+        device copy wrote."""
+        if event is not None:
+            event.synchronize()
+
+    def synchronize(self) -> None:
+        if self.is_cuda:
+            torch.cuda.synchronize(self.torch_device)
+
+    def keep_alive(self, tensor: torch.Tensor, stream) -> None:
+        """Tell the caching allocator that ``stream`` still uses ``tensor``."""
+        if stream is not None:
+            tensor.record_stream(stream)

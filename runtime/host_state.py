@@ -1,0 +1,163 @@
+"""The one authoritative copy of the training state, in host memory.
+
+Per parameter: fp32 master weight, Adam m and v (12 B) and one slot in the compute dtype (2 B for
+bf16) that holds the new weights between the update and the next H2D, and the gradient between its
+D2H and the update. The two uses never overlap (a unit's backward re-fetch precedes its gradient), so
+the state is 14 B/param. Each tensor is one allocation, registered with CUDA as pinned memory where a
+GPU is used, so PyTorch's power-of-two pinned-allocator rounding never applies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from slidedp.errors import SlideDPError
+from slidedp.runtime.hf_adapter import ModelAdapter
+
+STATE_FILE = "state.safetensors"
+META_FILE = "meta.json"
+
+
+def _alloc(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    t = torch.zeros(numel, dtype=dtype)  # zeroing touches every page now, not during the first copy
+    if pin:
+        rc = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+        if int(rc) != 0:
+            raise SlideDPError(f"cudaHostRegister of {t.numel() * t.element_size() / 2**30:.1f} GiB failed "
+                               f"(error {int(rc)}): raise the locked-memory limit (ulimit -l)")
+    return t
+
+
+@dataclass
+class HostState:
+    master: torch.Tensor
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    staging: torch.Tensor  # compute-dtype weights for H2D; gradient landing zone when grads share its dtype
+    grads: torch.Tensor | None  # separate gradient buffer when the gradient dtype differs from staging's
+    pinned: bool
+    step: int = 0  # optimizer steps applied
+
+    @classmethod
+    def allocate(cls, numel: int, staging_dtype: torch.dtype, grad_dtype: torch.dtype, pin: bool) -> HostState:
+        grads = None if grad_dtype == staging_dtype else _alloc(numel, grad_dtype, pin)
+        return cls(_alloc(numel, torch.float32, pin), _alloc(numel, torch.float32, pin),
+                   _alloc(numel, torch.float32, pin), _alloc(numel, staging_dtype, pin), grads, pin)
+
+    @property
+    def grad_buffer(self) -> torch.Tensor:
+        return self.staging if self.grads is None else self.grads
+
+    def bytes_per_param(self) -> float:
+        total = sum(t.numel() * t.element_size() for t in (self.master, self.exp_avg, self.exp_avg_sq, self.staging))
+        if self.grads is not None:
+            total += self.grads.numel() * self.grads.element_size()
+        return total / self.master.numel()
+
+    def total_bytes(self) -> int:
+        return int(self.bytes_per_param() * self.master.numel())
+
+    def refresh_staging(self) -> None:
+        self.staging.copy_(self.master)
+
+    def close(self) -> None:
+        if self.pinned:
+            for t in (self.master, self.exp_avg, self.exp_avg_sq, self.staging, self.grads):
+                if t is not None:
+                    torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+            self.pinned = False
+
+    # ---- initialisation -----------------------------------------------------------------------------------
+    def init_random(self, adapter: ModelAdapter, seed: int) -> None:
+        for unit in adapter.units:
+            gen = torch.Generator().manual_seed(seed * 100_003 + unit.index)
+            adapter.init_unit_(unit, self.master[unit.offset:unit.offset + unit.numel], gen)
+        self.refresh_staging()
+
+    def load_hf_weights(self, adapter: ModelAdapter, directory: Path) -> None:
+        """Fill the master weights from a local HF checkpoint (*.safetensors)."""
+        from safetensors import safe_open
+
+        files = sorted(directory.glob("*.safetensors"))
+        if not files:
+            raise SlideDPError(f"checkpoint {str(directory)!r} has no *.safetensors files")
+        where: dict[str, Path] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as handle:
+                for key in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    where[key] = f
+        for unit in adapter.units:
+            for p in unit.params:
+                if p.hf_name not in where:
+                    raise SlideDPError(f"checkpoint {str(directory)!r} lacks tensor {p.hf_name!r}")
+                with safe_open(str(where[p.hf_name]), framework="pt") as handle:
+                    t = handle.get_tensor(p.hf_name)
+                if tuple(t.shape) != p.shape:
+                    raise SlideDPError(f"checkpoint tensor {p.hf_name!r} has shape {tuple(t.shape)}, "
+                                       f"the config says {p.shape}")
+                start = unit.offset + p.offset
+                self.master[start:start + p.numel].copy_(t.reshape(-1))
+        self.refresh_staging()
+
+    # ---- checkpoints ----------------------------------------------------------------------------------------
+    def save(self, directory: Path, meta: dict) -> None:
+        """Atomically write master, m, v and ``meta``: a temp directory renamed into place, so a crash
+        mid-write leaves the previous checkpoint untouched."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        tmp = directory.with_name(directory.name + f".tmp-{os.getpid()}")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        save_file({"master": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq},
+                  str(tmp / STATE_FILE))
+        (tmp / META_FILE).write_text(json.dumps({**meta, "optimizer_step": self.step}, indent=2))
+        with open(tmp / META_FILE) as fh:
+            os.fsync(fh.fileno())
+        old = directory.with_name(directory.name + f".old-{os.getpid()}")
+        if directory.exists():
+            directory.rename(old)
+        tmp.rename(directory)
+        if old.exists():
+            shutil.rmtree(old)
+
+    def load(self, directory: Path) -> dict:
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        if not (directory / STATE_FILE).exists() or not (directory / META_FILE).exists():
+            raise SlideDPError(f"{str(directory)!r} is not a SlideDP checkpoint (missing {STATE_FILE} or {META_FILE})")
+        tensors = load_file(str(directory / STATE_FILE))
+        for name in ("master", "exp_avg", "exp_avg_sq"):
+            src, dst = tensors[name], getattr(self, name)
+            if src.shape != dst.shape:
+                raise SlideDPError(f"checkpoint {str(directory)!r} holds {src.numel()} parameters, "
+                                   f"the model has {dst.numel()}")
+            dst.copy_(src)
+        meta = json.loads((directory / META_FILE).read_text())
+        self.step = int(meta["optimizer_step"])
+        self.refresh_staging()
+        return meta
+
+    def export_hf(self, adapter: ModelAdapter, directory: Path, dtype: torch.dtype = torch.bfloat16) -> None:
+        """Write the weights as a Hugging Face checkpoint (config.json + model.safetensors)."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        for unit in adapter.units:
+            for p in unit.params:
+                start = unit.offset + p.offset
+                tensors[p.hf_name] = self.master[start:start + p.numel].view(p.shape).to(dtype).clone()
+        tmp = directory / "model.safetensors.tmp"
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        tmp.replace(directory / "model.safetensors")
+        adapter.config.save_pretrained(str(directory))

@@ -1,0 +1,64 @@
+"""AdamW on the host, one chunk at a time, with warmup + cosine learning rate and global-norm clipping.
+
+The update of a chunk needs the clip coefficient, which needs the norm of *all* gradients of the step.
+Gradient norms are summed on the GPU as each unit's gradient is produced, so the coefficient is known
+the moment backward ends; with the default ``next_forward`` schedule the chunk updates then run during
+the next step's forward, just before each chunk is streamed in. Clipping is therefore exact, not stale.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from slidedp.errors import SlideDPError
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    max_grad_norm: float | None = 1.0
+    warmup_steps: int = 0
+    total_steps: int = 1000
+    min_lr_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0 or self.weight_decay < 0 or not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
+            raise SlideDPError("optimizer: lr must be > 0, weight_decay >= 0 and betas in [0, 1)")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise SlideDPError("optimizer: max_grad_norm must be positive (or omitted)")
+        if self.warmup_steps < 0 or self.total_steps < 1 or not 0 <= self.min_lr_ratio <= 1:
+            raise SlideDPError("optimizer: warmup_steps >= 0, total_steps >= 1, min_lr_ratio in [0, 1]")
+
+
+def lr_at(cfg: OptimConfig, step: int) -> float:
+    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine to min_lr_ratio * lr."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.lr * (cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine)
+
+
+def clip_coefficient(cfg: OptimConfig, total_norm: float) -> float:
+    if cfg.max_grad_norm is None:
+        return 1.0
+    return min(1.0, cfg.max_grad_norm / (total_norm + 1e-6))
+
+
+def adamw_chunk_(master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                 step: int, lr: float, cfg: OptimConfig, grad_scale: float) -> None:
+    """Fused CPU AdamW on flat fp32 views; ``grad`` may be bf16 (it is upcast into a temporary)."""
+    g = grad.to(torch.float32) if grad.dtype != torch.float32 else grad.clone()
+    if grad_scale != 1.0:
+        g.mul_(grad_scale)
+    step_t = torch.tensor(float(step))
+    torch._fused_adamw_([master], [g], [exp_avg], [exp_avg_sq], [], [step_t], lr=lr, beta1=cfg.beta1,
+                        beta2=cfg.beta2, weight_decay=cfg.weight_decay, eps=cfg.eps, amsgrad=False, maximize=False)

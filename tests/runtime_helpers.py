@@ -1,0 +1,101 @@
+"""Tiny models, data and a plain PyTorch reference trainer for the runtime tests."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from slidedp.model_spec import ModelSpec
+from slidedp.policy import Policy
+from slidedp.runtime.device import Device
+from slidedp.runtime.engine import StreamingEngine
+from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
+from slidedp.runtime.host_state import HostState
+from slidedp.runtime.optim import OptimConfig, lr_at
+from slidedp.runtime.tracing import TraceRecorder
+
+TINY = {
+    "qwen3": dict(model_type="qwen3", vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                  tie_word_embeddings=False),
+    "llama": dict(model_type="llama", vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                  tie_word_embeddings=False),
+    "qwen3-tied": dict(model_type="qwen3", vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
+                       tie_word_embeddings=True),
+}
+OPTIM = OptimConfig(lr=3e-3, weight_decay=0.1, max_grad_norm=0.05, warmup_steps=2, total_steps=6)
+
+
+def write_config(tmp_path, name: str):
+    import json
+
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(TINY[name]))
+    return str(path)
+
+
+def batches(vocab: int, seq: int, n_seq: int, steps: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n_seq, seq + 1), generator=g) for _ in range(steps)]
+
+
+def make_engine(config_path: str, policy: Policy, seq: int, optim: OptimConfig = OPTIM, seed: int = 0):
+    cfg = load_hf_config(config_path)
+    adapter = ModelAdapter(cfg)
+    host = HostState.allocate(adapter.total_params, torch.float32, torch.float32, pin=False)
+    host.init_random(adapter, seed)
+    spec = ModelSpec.from_hf_config(TINY_BY_TYPE(config_path), name="tiny")
+    device = Device("cpu")
+    engine = StreamingEngine(adapter, spec, host, policy, optim, device, TraceRecorder(device), seq, torch.float32)
+    return engine, adapter, host
+
+
+def TINY_BY_TYPE(config_path: str) -> dict:  # noqa: N802 - reads the json the test wrote
+    import json
+    from pathlib import Path
+
+    return json.loads(Path(config_path).read_text())
+
+
+def reference_training(adapter: ModelAdapter, initial: torch.Tensor, data: list[torch.Tensor], micro_batch: int,
+                       optim: OptimConfig = OPTIM) -> tuple[list[float], torch.Tensor]:
+    """Plain PyTorch: the HF model in fp32, mean token loss over the whole batch, global-norm clipping,
+    torch.optim.AdamW, the same warmup + cosine schedule."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(adapter.config).float()
+    named = dict(model.named_parameters())
+    with torch.no_grad():
+        for unit in adapter.units:
+            for p in unit.params:
+                start = unit.offset + p.offset
+                named[p.hf_name].copy_(initial[start:start + p.numel].view(p.shape))
+    params = [p for p in model.parameters()]
+    opt = torch.optim.AdamW(params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
+                            weight_decay=optim.weight_decay)
+    losses = []
+    for step, tokens in enumerate(data):
+        opt.zero_grad()
+        total = 0.0
+        n_tokens = tokens.shape[0] * (tokens.shape[1] - 1)
+        for i in range(0, tokens.shape[0], micro_batch):
+            chunk = tokens[i:i + micro_batch]
+            logits = model(chunk[:, :-1]).logits
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1),
+                                   reduction="sum") / n_tokens
+            loss.backward()
+            total += loss.item()
+        if optim.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, optim.max_grad_norm)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(optim, step)
+        opt.step()
+        losses.append(total)
+    flat = torch.empty_like(initial)
+    for unit in adapter.units:
+        for p in unit.params:
+            start = unit.offset + p.offset
+            flat[start:start + p.numel].copy_(named[p.hf_name].detach().reshape(-1))
+    return losses, flat
