@@ -94,6 +94,33 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--validation", help="CSV with label, predicted_s, measured_s for the y=x plot")
     report.add_argument("--out", default="report", help="output directory (default ./report)")
     report.set_defaults(func=_cmd_report)
+
+    train = sub.add_parser("train", help="full-parameter training with host-resident layer streaming")
+    train.add_argument("--model", required=True,
+                       help="preset, config.json, or HF checkpoint directory (safetensors loaded if present)")
+    train.add_argument("--data", required=True, help="a .txt/.jsonl file or directory, or 'synthetic'")
+    train.add_argument("--tokenizer", help="local HF tokenizer directory (default: byte-level)")
+    train.add_argument("--policy", help="policy YAML from slidedp tune (default: recompute, micro-batch 1)")
+    train.add_argument("--steps", type=positive_int, required=True, help="optimizer steps to run")
+    train.add_argument("--seq", type=positive_int, default=4096, help="sequence length (default 4096)")
+    train.add_argument("--batch", type=positive_int, help="sequences per step (default: the policy's)")
+    train.add_argument("--out", required=True, help="run directory")
+    train.add_argument("--hardware", default="h200-x1", help="profile for preflight and prediction (default h200-x1)")
+    train.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    train.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"], help="compute dtype")
+    train.add_argument("--lr", type=positive_float, default=1e-5)
+    train.add_argument("--weight-decay", type=float, default=0.0)
+    train.add_argument("--max-grad-norm", type=float, default=1.0, help="global clipping norm (0 disables)")
+    train.add_argument("--warmup", type=int, default=0, help="warmup steps")
+    train.add_argument("--total-steps", type=positive_int, help="cosine schedule length (default --steps)")
+    train.add_argument("--min-lr-ratio", type=float, default=0.1)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--resume", help="checkpoint directory to continue from")
+    train.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (always at the end)")
+    train.add_argument("--export-hf", help="write bf16 HF safetensors here at the end")
+    train.add_argument("--gpu-budget", type=positive_float, metavar="GIB", help="GPU memory budget in GiB")
+    train.add_argument("--host-limit", type=positive_float, metavar="GIB", help="host memory limit in GiB")
+    train.set_defaults(func=_cmd_train)
     return parser
 
 
@@ -119,6 +146,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from slidedp.commands.report import run_report
 
     return run_report(args)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from slidedp.commands.train import run_train
+
+    return run_train(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,224 @@
+"""``slidedp train``: validate everything, then stream-train and leave a run directory behind.
+
+Nothing is written before every input has been checked and the memory preflight has passed, so a bad
+invocation never leaves a half-made run directory.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from slidedp.errors import SlideDPError
+from slidedp.exposure import exposure_from_trace, limiter
+from slidedp.hardware import GIB, HardwareProfile
+from slidedp.model import estimate_memory, memory_shortfalls
+from slidedp.model_spec import ModelSpec
+from slidedp.policy import Policy
+from slidedp.report.rundir import write_run_dir
+from slidedp.runtime.data import PackedData, load_data
+from slidedp.runtime.device import Device
+from slidedp.runtime.engine import StepStats, StreamingEngine
+from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
+from slidedp.runtime.host_state import HostState
+from slidedp.runtime.optim import OptimConfig
+from slidedp.runtime.tracing import TraceRecorder
+from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    model: str
+    data: str
+    policy: Policy
+    steps: int
+    seq: int
+    out: Path
+    hardware: HardwareProfile
+    optim: OptimConfig = OptimConfig()
+    tokenizer: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    seed: int = 0
+    resume: str | None = None
+    save_every: int = 0
+    export_hf: str | None = None
+    gpu_budget_gib: float | None = None
+    host_limit_gib: float | None = None
+
+
+def _meminfo_available() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float("inf")
+
+
+def rss_bytes(field: str = "VmRSS") -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+class Trainer:
+    def __init__(self, spec: TrainSpec, on_step: Callable[[int, StepStats, float], None] | None = None,
+                 log: Callable[[str], None] = print):
+        self.spec, self.on_step, self.log = spec, on_step, log
+        self._validate()
+
+    # ---- everything that can be wrong with the inputs, checked before anything is written -------------------
+    def _validate(self) -> None:
+        s = self.spec
+        if s.steps < 1:
+            raise SlideDPError("--steps must be at least 1")
+        device = s.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise SlideDPError("--device cuda was asked for but no CUDA device is available")
+        if device not in ("cpu",) and not device.startswith("cuda"):
+            raise SlideDPError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
+        self.device_name = device
+        dtype = s.dtype if s.dtype != "auto" else ("bf16" if device.startswith("cuda") else "fp32")
+        if dtype not in DTYPES:
+            raise SlideDPError(f"--dtype must be bf16 or fp32, got {dtype!r}")
+        self.compute_dtype = DTYPES[dtype]
+        self.config = load_hf_config(s.model)
+        self.model_dir = Path(s.model) if Path(s.model).is_dir() else None
+        if self.model_dir is not None and not list(self.model_dir.glob("*.safetensors")):
+            self.model_dir = None  # a directory with only config.json: random init
+        self.model_spec = ModelSpec.from_hf_config(self.config.to_dict(), name=Path(s.model).name or s.model)
+        self.per_step = s.policy.micro_batch * s.policy.accumulation
+        self.workload = StepWorkload(self.model_spec, s.hardware, s.policy, s.seq, self.per_step)
+        if s.seq > getattr(self.config, "max_position_embeddings", s.seq):
+            raise SlideDPError(f"--seq {s.seq} exceeds the model's max_position_embeddings "
+                               f"{self.config.max_position_embeddings}")
+        if s.resume is not None and not Path(s.resume).is_dir():
+            raise SlideDPError(f"--resume {s.resume!r}: no such checkpoint directory")
+        self.memory = estimate_memory(self.workload)
+        gpu_budget = (s.gpu_budget_gib if s.gpu_budget_gib is not None else s.hardware.gpu.memory_gib) * GIB
+        host_budget = (s.host_limit_gib * GIB) if s.host_limit_gib is not None else _meminfo_available()
+        problems = memory_shortfalls(self.memory, gpu_budget, host_budget)
+        if device.startswith("cuda"):
+            free, _ = torch.cuda.mem_get_info(torch.device(device))
+            if self.memory.gpu_peak > free:
+                problems.append(f"GPU peak {self.memory.gpu_peak / GIB:.1f} GiB exceeds the free "
+                                f"{free / GIB:.1f} GiB on {device}")
+        if problems:
+            raise SlideDPError("preflight: " + "; ".join(problems))
+        self.gpu_budget = gpu_budget
+        self.data: PackedData = load_data(s.data, s.tokenizer, self.config.vocab_size, s.seq, self.per_step, s.seed)
+
+    # ---- the run ----------------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        s = self.spec
+        device = Device(self.device_name)
+        if device.is_cuda:
+            total = torch.cuda.get_device_properties(device.torch_device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, self.gpu_budget / total), device.torch_device)
+            torch.cuda.reset_peak_memory_stats(device.torch_device)
+        adapter = ModelAdapter(self.config)
+        bf16_grads = s.policy.grad_dtype == "bf16" and self.compute_dtype == torch.bfloat16
+        host = HostState.allocate(adapter.total_params, self.compute_dtype,
+                                  torch.bfloat16 if bf16_grads else torch.float32, pin=device.is_cuda)
+        self.log(f"host state: {host.bytes_per_param():.1f} bytes/param x {adapter.total_params / 1e9:.3f} B params "
+                 f"= {host.total_bytes() / GIB:.2f} GiB (one copy, pinned={host.pinned}); predicted GPU peak "
+                 f"{self.memory.gpu_peak / GIB:.1f} GiB of a {self.gpu_budget / GIB:.1f} GiB budget")
+        start_step = 0
+        if s.resume:
+            start_step = int(host.load(Path(s.resume))["data_step"])
+            self.log(f"resumed from {s.resume} at step {start_step}")
+        elif self.model_dir is not None:
+            host.load_hf_weights(adapter, self.model_dir)
+        else:
+            host.init_random(adapter, s.seed)
+        threads = self.workload.adam_threads if device.is_cuda else None
+        engine = StreamingEngine(adapter, self.model_spec, host, s.policy, s.optim, device, TraceRecorder(device),
+                                 s.seq, self.compute_dtype, adam_threads=threads)
+        s.out.mkdir(parents=True, exist_ok=True)
+        metrics_path = s.out / "metrics.csv"
+        fresh = not (s.resume and metrics_path.exists())
+        try:
+            with open(metrics_path, "w" if fresh else "a", newline="") as metrics:
+                times, last = self._loop(engine, host, device, start_step, csv.writer(metrics), metrics, fresh)
+            if s.export_hf:
+                host.export_hf(adapter, Path(s.export_hf))
+        finally:
+            engine.close()
+        summary = self._summary(last, times, device, host)
+        exposure = exposure_from_trace(last.trace)
+        write_run_dir(s.out, last.trace, exposure, summary, s.policy, s.hardware)
+        host.close()
+        return summary
+
+    def _loop(self, engine: StreamingEngine, host: HostState, device: Device, start_step: int, writer, fh,
+              fresh: bool) -> tuple[list[float], StepStats]:
+        s = self.spec
+        if fresh:
+            writer.writerow(["step", "loss", "grad_norm", "lr", "skipped", "step_time_s", "tokens_per_s",
+                             "gpu_peak_gib", "host_rss_gib"])
+        times: list[float] = []
+        last = None
+        for step in range(start_step, start_step + s.steps):
+            t0 = time.perf_counter()
+            stats = engine.step(self.data.batch(step))
+            dt = time.perf_counter() - t0
+            times.append(dt)
+            last = stats
+            peak = torch.cuda.max_memory_allocated(device.torch_device) / GIB if device.is_cuda else 0.0
+            writer.writerow([step + 1, f"{stats.loss:.6f}", f"{stats.grad_norm:.6f}", f"{stats.lr:.3e}",
+                             int(stats.skipped), f"{dt:.4f}", f"{stats.tokens / dt:.1f}", f"{peak:.2f}",
+                             f"{rss_bytes() / GIB:.2f}"])
+            fh.flush()
+            if stats.skipped:
+                self.log(f"step {step + 1}: non-finite gradient norm, update skipped (host state untouched)")
+            if self.on_step:
+                self.on_step(step - start_step + 1, stats, dt)
+            if s.save_every and (step + 1) % s.save_every == 0:
+                engine.flush()
+                host.save(s.out / "checkpoint", {"data_step": step + 1, "policy": s.policy.to_dict()})
+        engine.flush()
+        host.save(s.out / "checkpoint", {"data_step": start_step + s.steps, "policy": s.policy.to_dict()})
+        return times, last
+
+    def _summary(self, last: StepStats, times: list[float], device: Device, host: HostState) -> dict:
+        s = self.spec
+        steady = times[1:] if len(times) > 1 else times
+        step_time = statistics.median(steady)
+        exposure = exposure_from_trace(last.trace)
+        mean = exposure.drop(columns="rank").mean()
+        from slidedp.sim import simulate
+
+        predicted = simulate(self.workload).step_time_s
+        return {
+            "model": self.model_spec.name, "hardware": s.hardware.name, "gpus": 1, "seq": s.seq,
+            "batch": self.per_step, "tokens_per_step": self.per_step * s.seq, "policy": s.policy.to_dict(),
+            "source": "measured", "device": self.device_name, "dtype": str(self.compute_dtype).replace("torch.", ""),
+            "steps": len(times), "step_time_s": step_time, "tokens_per_s": self.per_step * s.seq / step_time,
+            "model_tflops_per_gpu": self.workload.model_flops_per_step() / step_time / 1e12,
+            "limiter": limiter(float(mean["compute"]), {c: float(mean[c]) for c in EXPOSURE_CATEGORIES}),
+            "bottleneck": "",
+            "final_loss": last.loss,
+            "gpu_peak_gib": torch.cuda.max_memory_allocated(device.torch_device) / GIB if device.is_cuda else None,
+            "predicted_gpu_peak_gib": self.memory.gpu_peak / GIB,
+            "host_rss_peak_gib": rss_bytes("VmHWM") / GIB,
+            "host_state_bytes_per_param": host.bytes_per_param(),
+            "predicted_step_time_s": predicted,
+            "pid": os.getpid(),
+        }
