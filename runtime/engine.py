@@ -81,6 +81,8 @@ class StreamingEngine:
         self.worker = UpdateWorker(self._run_update, threaded=device.is_cuda, threads=adam_threads)
         self._pending: tuple[float, float, int] | None = None  # (lr, clip coefficient, step) of deferred updates
         self._ckpt_pool: dict[tuple[int, int], torch.Tensor] = {}
+        largest_chunk = max(b - a for u in range(len(self.units)) for a, b in self._chunks(u))
+        self._scratch = torch.empty(largest_chunk, dtype=torch.float32)  # the optimizer worker's fp32 gradient
         self._sim_units = build_units(spec, _dummy_gpu(), policy.activation, policy.micro_batch, policy.accumulation,
                                       seq)
 
@@ -99,7 +101,7 @@ class StreamingEngine:
         with self.recorder.host_span("cpu", "adam", u, c, nbytes=n * (ADAM_HOST_BYTES_BASE + grad.element_size()),
                                      host_bytes=n * (ADAM_HOST_BYTES_BASE + grad.element_size())):
             adamw_chunk_(host.master[lo:hi], grad, host.exp_avg[lo:hi], host.exp_avg_sq[lo:hi], step, lr, self.optim,
-                         coef)
+                         coef, self._scratch)
         with self.recorder.host_span("cpu", "cast", u, c, nbytes=n * CAST_HOST_BYTES, host_bytes=n * CAST_HOST_BYTES):
             host.staging[lo:hi].copy_(host.master[lo:hi])
 
@@ -365,7 +367,7 @@ class StreamingEngine:
     def _send_grads(self, u: int, gflat: torch.Tensor, norm_sq: torch.Tensor, grad_done: dict) -> None:
         """Add to the squared norm, cast, and copy the gradient chunk by chunk into the host slot."""
         dev, host, unit = self.device, self.host, self.units[u]
-        norm_sq += gflat.pow(2).sum()
+        norm_sq += torch.linalg.vector_norm(gflat).square()
         dest = host.grad_buffer
         send = gflat.to(dest.dtype) if dest.dtype != gflat.dtype else gflat
         ready = dev.event()

@@ -54,9 +54,15 @@ def clip_coefficient(cfg: OptimConfig, total_norm: float) -> float:
 
 
 def adamw_chunk_(master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                 step: int, lr: float, cfg: OptimConfig, grad_scale: float) -> None:
-    """Fused CPU AdamW on flat fp32 views; ``grad`` may be bf16 (it is upcast into a temporary)."""
-    g = grad.to(torch.float32) if grad.dtype != torch.float32 else grad.clone()
+                 step: int, lr: float, cfg: OptimConfig, grad_scale: float,
+                 scratch: torch.Tensor | None = None) -> None:
+    """Fused CPU AdamW on flat fp32 views. ``grad`` may be bf16: it is upcast into ``scratch`` (reused
+    across chunks, so no fresh pages are faulted in per chunk)."""
+    if scratch is not None and scratch.numel() >= grad.numel():
+        g = scratch[:grad.numel()]
+        g.copy_(grad)
+    else:
+        g = grad.to(torch.float32, copy=True)
     if grad_scale != 1.0:
         g.mul_(grad_scale)
     step_t = torch.tensor(float(step))

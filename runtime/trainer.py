@@ -147,7 +147,7 @@ class Trainer:
         elif self.model_dir is not None:
             host.load_hf_weights(adapter, self.model_dir)
         else:
-            host.init_random(adapter, s.seed)
+            host.init_random(adapter, s.seed, device.torch_device)
         threads = self.workload.adam_threads if device.is_cuda else None
         engine = StreamingEngine(adapter, self.model_spec, host, s.policy, s.optim, device, TraceRecorder(device),
                                  s.seq, self.compute_dtype, adam_threads=threads)

@@ -1,0 +1,205 @@
+"""Streaming runtime on a real GPU: correctness check, batch sweep, and the resident-weights reference.
+
+    python benchmarks/gpu_runtime.py --check                      # GPU engine == CPU reference (tiny model)
+    python benchmarks/gpu_runtime.py --models qwen3-4b --batches 1 2 4 8 16 --out results/
+
+For each model the host state is allocated (pinned) once; for each batch the policy comes from the
+tuner (h200-x1 profile), the runtime runs --steps steps (the first is warm-up), and the same compute
+with all weights already resident on the GPU (same kernels, no transfers, no CPU update) is timed in
+the same process as the reference. Results go to results.jsonl, traces to traces.parquet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from slidedp.exposure import exposure_from_trace, limiter
+from slidedp.hardware import GIB, load_hardware
+from slidedp.model_spec import ModelSpec
+from slidedp.policy import Policy
+from slidedp.problem import Budget
+from slidedp.runtime.device import Device
+from slidedp.runtime.engine import StreamingEngine
+from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
+from slidedp.runtime.host_state import HostState
+from slidedp.runtime.optim import OptimConfig
+from slidedp.runtime.tracing import TraceRecorder
+from slidedp.runtime.trainer import rss_bytes
+from slidedp.sim import simulate
+from slidedp.tune import tune
+from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload
+
+
+class ResidentEngine(StreamingEngine):
+    """The same step with every unit resident on the GPU: no H2D, no D2H, no CPU update (the reference)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._resident: dict = {}
+
+    def _fetch(self, u, into=None):
+        if u not in self._resident:
+            self._resident[u] = super()._fetch(u, None)
+            self.device.synchronize()
+        du = self._resident[u]
+        du.ready = None
+        return du
+
+    def _release(self, du):
+        pass
+
+    def _send_grads(self, u, gflat, norm_sq, grad_done):
+        norm_sq += torch.linalg.vector_norm(gflat).square()
+
+    def _submit_all(self, lr, coef, step):
+        pass
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def check(out: Path) -> None:
+    """Tiny Qwen3 in fp32 on the GPU (streams, events, worker thread) against plain PyTorch on the CPU."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.runtime_helpers import TINY, batches, reference_training
+
+    cfg_path = out / "tiny.json"
+    for name, policy in [("qwen3", Policy(micro_batch=2, accumulation=2, chunks_per_layer=3)),
+                         ("qwen3", Policy(activation="offload", micro_batch=1, accumulation=4, chunks_per_layer=2)),
+                         ("qwen3-tied", Policy(activation="keep", micro_batch=2, accumulation=2, chunks_per_layer=4))]:
+        cfg_path.write_text(json.dumps(TINY[name]))
+        adapter = ModelAdapter(load_hf_config(str(cfg_path)))
+        host = HostState.allocate(adapter.total_params, torch.float32, torch.float32, pin=True)
+        host.init_random(adapter, 0)
+        spec = ModelSpec.from_hf_config(TINY[name], "tiny")
+        device = Device("cuda")
+        optim = OptimConfig(lr=3e-3, weight_decay=0.1, max_grad_norm=0.05, warmup_steps=2, total_steps=6)
+        engine = StreamingEngine(adapter, spec, host, policy, optim, device, TraceRecorder(device), 16, torch.float32,
+                                 adam_threads=4)
+        data = batches(TINY[name]["vocab_size"], 16, 4, 4, seed=1)
+        initial = host.master.clone()
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        losses = [engine.step(t).loss for t in data]
+        engine.flush()
+        engine.close()
+        ref_losses, ref_final = reference_training(adapter, initial, data, policy.micro_batch, optim)
+        loss_err = max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True))
+        w_err = float((host.master - ref_final).abs().max())
+        log(f"check {name} {policy.activation}: max loss diff {loss_err:.2e}, max weight diff {w_err:.2e}")
+        host.close()
+        assert loss_err < 1e-4 and w_err < 1e-5, "GPU engine disagrees with the CPU reference"
+
+
+def run_model(model: str, seq: int, batches: list[int], steps: int, out: Path, results, traces: list) -> None:
+    device = Device("cuda")
+    cfg = load_hf_config(model)
+    adapter = ModelAdapter(cfg)
+    spec = ModelSpec.from_hf_config(cfg.to_dict(), model)
+    hw = load_hardware("h200-x1")
+    t0 = time.perf_counter()
+    host = HostState.allocate(adapter.total_params, torch.bfloat16, torch.bfloat16, pin=True)
+    t_alloc = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    host.init_random(adapter, 0, device.torch_device)
+    t_init = time.perf_counter() - t0
+    log(f"{model}: {adapter.total_params / 1e9:.2f} B params, host state {host.total_bytes() / GIB:.1f} GiB "
+        f"({host.bytes_per_param():.0f} B/param), pinned alloc {t_alloc:.1f} s, init {t_init:.1f} s, "
+        f"RSS {rss_bytes() / GIB:.1f} GiB")
+    optim = OptimConfig(lr=1e-5, max_grad_norm=1.0, total_steps=1000)
+    budget = Budget(gpu_bytes=hw.gpu.memory_gib * GIB, host_bytes=hw.host.memory_gib * GIB)
+    for batch in batches:
+        t0 = time.perf_counter()
+        tuned = tune(spec, hw, seq, batch, budget, refine_top=4)
+        policy = tuned.best.policy
+        w = StepWorkload(spec, hw, policy, seq, batch)
+        predicted = simulate(w)
+        log(f"  batch {batch}: tuned in {time.perf_counter() - t0:.1f} s -> {policy}; predicted "
+            f"{predicted.step_time_s:.3f} s ({predicted.limiter})")
+        tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(batch))
+        torch.cuda.reset_peak_memory_stats()
+        engine = StreamingEngine(adapter, spec, host, policy, optim, device, TraceRecorder(device), seq,
+                                 torch.bfloat16, adam_threads=w.adam_threads)
+        times, last = [], None
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            last = engine.step(tokens)
+            times.append(time.perf_counter() - t0)
+        engine.flush()
+        engine.close()
+        peak = torch.cuda.max_memory_allocated() / GIB
+        step_time = statistics.median(times[1:])
+        exposure = exposure_from_trace(last.trace).drop(columns="rank").iloc[0].to_dict()
+        torch.cuda.empty_cache()
+        # Reference: the same compute with every weight already on the GPU.
+        ref = ResidentEngine(adapter, spec, host, policy, optim, device, TraceRecorder(device, enabled=False), seq,
+                             torch.bfloat16)
+        ref_times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            ref.step(tokens)
+            ref_times.append(time.perf_counter() - t0)
+        ref.close()
+        del ref
+        torch.cuda.empty_cache()
+        ref_time = statistics.median(ref_times[1:])
+        row = {
+            "model": model, "seq": seq, "batch": batch, "tokens_per_step": batch * seq, "policy": policy.to_dict(),
+            "step_times_s": times, "step_time_s": step_time, "tokens_per_s": batch * seq / step_time,
+            "model_tflops": w.model_flops_per_step() / step_time / 1e12, "gpu_peak_gib": peak,
+            "predicted_gpu_peak_gib": tuned.best.memory.gpu_peak / GIB, "host_rss_gib": rss_bytes() / GIB,
+            "host_rss_peak_gib": rss_bytes("VmHWM") / GIB, "host_bytes_per_param": host.bytes_per_param(),
+            "exposure_s": exposure, "limiter": limiter(exposure["compute"],
+                                                       {c: exposure[c] for c in EXPOSURE_CATEGORIES}),
+            "predicted_step_time_s": predicted.step_time_s, "predicted_limiter": predicted.limiter,
+            "resident_compute_s": ref_time, "resident_step_times_s": ref_times,
+            "ratio_to_resident": step_time / ref_time, "final_loss": last.loss,
+        }
+        results.write(json.dumps(row) + "\n")
+        results.flush()
+        trace = last.trace.copy()
+        trace.insert(0, "run", f"{model}-b{batch}")
+        traces.append(trace)
+        log(f"  batch {batch}: {step_time:.3f} s/step, {row['tokens_per_s']:,.0f} tok/s, {row['model_tflops']:.0f} "
+            f"TFLOP/s, resident {ref_time:.3f} s (x{row['ratio_to_resident']:.3f}), peak {peak:.1f} GiB "
+            f"(pred {row['predicted_gpu_peak_gib']:.1f}), RSS {row['host_rss_gib']:.1f} GiB, limiter {row['limiter']}, "
+            f"exposure {({k: round(v, 3) for k, v in exposure.items()})}")
+    host.close()
+    del host
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true")
+    p.add_argument("--models", nargs="*", default=[])
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--out", default="gpu_results")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {torch.get_num_threads()} threads")
+    if args.check:
+        check(out)
+    traces: list = []
+    with open(out / "results.jsonl", "a") as results:
+        try:
+            for model in args.models:
+                run_model(model, args.seq, args.batches, args.steps, out, results, traces)
+        finally:
+            if traces:
+                pd.concat(traces).to_parquet(out / "traces.parquet", index=False)
+
+
+if __name__ == "__main__":
+    main()
