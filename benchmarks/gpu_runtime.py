@@ -97,7 +97,9 @@ def check(out: Path) -> None:
         w_err = float((host.master - ref_final).abs().max())
         log(f"check {name} {policy.activation}: max loss diff {loss_err:.2e}, max weight diff {w_err:.2e}")
         host.close()
-        assert loss_err < 1e-4 and w_err < 1e-5, "GPU engine disagrees with the CPU reference"
+        # Different kernels (cuBLAS, SDPA) round differently; Adam turns a tiny gradient difference on a
+        # near-zero gradient into up to one lr-sized step, hence the weight bound of a few % of lr.
+        assert loss_err < 1e-5 and w_err < 1e-4, "GPU engine disagrees with the CPU reference"
 
 
 def run_model(model: str, seq: int, batches: list[int], steps: int, out: Path, results, traces: list) -> None:
