@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--tokens-per-step", type=positive_int,
                       help="target tokens per optimizer step (overrides --batch)")
     tune.add_argument("--chunks", type=positive_int, nargs="+", help="chunks per layer to try (default 1 2 4 8 16)")
+    tune.add_argument("--no-clip", action="store_true",
+                      help="training will not clip the global gradient norm (allows the as_ready schedule)")
     tune.add_argument("--top-k", type=positive_int, default=6, help="candidates refined with the simulator (default 6)")
     tune.add_argument("--out", default="policy.yaml", help="where to write the winning policy (default policy.yaml)")
     tune.add_argument("--table", help="ranked table CSV (default: <out>_ranked.csv)")

@@ -41,6 +41,8 @@ class TuneSpace:
     update_schedules: tuple[str, ...] = UPDATE_SCHEDULES
     # Adam threads per rank as a fraction of the cores a rank owns; below 1 leaves cores to copies and Python.
     thread_fractions: tuple[float, ...] = (1.0, 0.5)
+    # Global gradient-norm clipping rules out as_ready, which updates before the norm is known.
+    clipping: bool = True
 
 
 @dataclass
@@ -99,10 +101,13 @@ def enumerate_policies(space: TuneSpace, hw: HardwareProfile, global_batch: int)
     param_routes = space.param_routes if n > 1 else space.param_routes[:1]
     grad_routes = space.grad_routes if n > 1 else space.grad_routes[:1]
     threads = sorted({max(1, int(hw.host.cores // n * f)) for f in space.thread_fractions}, reverse=True)
+    schedules = tuple(s for s in space.update_schedules if not (space.clipping and s == "as_ready"))
+    if not schedules:
+        raise SlideDPError("no update schedule left: as_ready cannot clip the global gradient norm")
     policies = []
     for pr, gr, ch, pd_, act, mb, sched, th in itertools.product(
             param_routes, grad_routes, space.chunks_per_layer, space.prefetch_depths, space.activations, micro,
-            space.update_schedules, threads):
+            schedules, threads):
         policies.append(Policy(param_route=pr, grad_route=gr, chunks_per_layer=ch, prefetch_depth=pd_,
                                activation=act, micro_batch=mb, accumulation=per_rank // mb, adam_threads=th,
                                update_schedule=sched))

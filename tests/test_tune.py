@@ -13,7 +13,8 @@ from slidedp.tune import TuneSpace, enumerate_policies, tune
 from slidedp.workload import StepWorkload
 
 SMALL = TuneSpace(chunks_per_layer=(1, 4), prefetch_depths=(1, 2), activations=("recompute", "offload"),
-                  micro_batches=(1, 2), update_schedules=("next_forward", "as_ready"), thread_fractions=(1.0,))
+                  micro_batches=(1, 2), update_schedules=("next_forward", "as_ready"), thread_fractions=(1.0,),
+                  clipping=False)
 
 
 @pytest.mark.parametrize("hardware, batch", [("h100-sxm-x4", 8), ("h200-x1", 4)])
@@ -51,6 +52,12 @@ def test_host_limit_too_small_is_reported():
     model, hw = load_model_spec("qwen3-14b"), load_hardware("h200-x1")
     with pytest.raises(SlideDPError, match="host memory limit"):
         tune(model, hw, 4096, 1, Budget(gpu_bytes=100 * GIB, host_bytes=100 * GIB), refine_top=1)
+
+
+def test_clipping_excludes_as_ready():
+    hw = load_hardware("h200-x1")
+    assert all(p.update_schedule != "as_ready" for p in enumerate_policies(TuneSpace(), hw, 4))
+    assert any(p.update_schedule == "as_ready" for p in enumerate_policies(TuneSpace(clipping=False), hw, 4))
 
 
 def test_enumeration_covers_the_space_without_duplicates():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -29,7 +30,9 @@ def run_tune(args: argparse.Namespace) -> int:
     hw = resolve_hardware(args.hardware, args.gpus)
     budget = resolve_budget(hw, args.gpu_budget, args.host_limit)
     batch = global_batch_from(args, hw.num_gpus)
-    space = TuneSpace(chunks_per_layer=tuple(args.chunks)) if args.chunks else TuneSpace()
+    space = TuneSpace(clipping=not args.no_clip)
+    if args.chunks:
+        space = replace(space, chunks_per_layer=tuple(args.chunks))
     with progress_callback("tuning") as progress:
         result = tune(spec, hw, args.seq, batch, budget, space, refine_top=args.top_k, progress=progress)
     table = result.table()
