@@ -102,6 +102,34 @@ def check(out: Path) -> None:
         assert loss_err < 1e-5 and w_err < 1e-4, "GPU engine disagrees with the CPU reference"
 
 
+def cpu_update_bench(results, params: int = 400_000_000) -> None:
+    """Host AdamW throughput at this machine's thread count: torch's path (upcast, fused AdamW, cast)
+    against the one-pass kernel, on the bf16-slot layout the runtime uses."""
+    from slidedp.runtime.cpu_adam import fused_kernel
+    from slidedp.runtime.optim import adamw_chunk_
+
+    kernel = fused_kernel()
+    p, m, v = torch.randn(params), torch.zeros(params), torch.zeros(params)
+    slot = torch.randn(params).bfloat16()
+    scratch = torch.empty(params)
+    cfg = OptimConfig()
+    timings = {}
+    for name in ("torch", "fused"):
+        runs = []
+        for step in range(1, 4):
+            t0 = time.perf_counter()
+            if name == "torch":
+                adamw_chunk_(p, slot, m, v, step, 1e-5, cfg, 1.0, scratch)
+                slot.copy_(p)
+            else:
+                kernel.adamw_bf16(p, m, v, slot, 1e-5, 0.9, 0.95, 1e-8, 0.0, float(step), 1.0)
+            runs.append(time.perf_counter() - t0)
+        timings[name] = params / statistics.median(runs[1:]) / 1e9
+    log(f"CPU AdamW + bf16 cast, {params / 1e6:.0f} M params, {torch.get_num_threads()} threads: torch path "
+        f"{timings['torch']:.2f} G params/s, one-pass kernel {timings['fused']:.2f} G params/s")
+    results.write(json.dumps({"cpu_update_gparams_per_s": timings, "threads": torch.get_num_threads()}) + "\n")
+
+
 def run_model(model: str, seq: int, batches: list[int], steps: int, out: Path, results, traces: list) -> None:
     device = Device("cuda")
     cfg = load_hf_config(model)
@@ -182,6 +210,7 @@ def run_model(model: str, seq: int, batches: list[int], steps: int, out: Path, r
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true")
+    p.add_argument("--cpu-bench", action="store_true")
     p.add_argument("--models", nargs="*", default=[])
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
@@ -195,6 +224,8 @@ def main() -> None:
         check(out)
     traces: list = []
     with open(out / "results.jsonl", "a") as results:
+        if args.cpu_bench:
+            cpu_update_bench(results)
         try:
             for model in args.models:
                 run_model(model, args.seq, args.batches, args.steps, out, results, traces)

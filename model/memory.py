@@ -14,7 +14,7 @@ from slidedp.hardware import GIB
 from slidedp.model_spec import BF16_BYTES
 from slidedp.workload import StepWorkload
 
-LOGITS_BYTES_PER_ELEMENT = 8  # bf16 logits chunk + fp32 softmax/gradient of that chunk
+LOGITS_BYTES_PER_ELEMENT = 12  # bf16 logits chunk, its fp32 upcast, fp32 softmax gradient, bf16 gradient
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from torch.func import functional_call
 from slidedp.errors import SlideDPError
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
+from slidedp.runtime.cpu_adam import fused_kernel, fused_kernel_error
 from slidedp.runtime.device import Device
 from slidedp.runtime.hf_adapter import ModelAdapter, UnitLayout
 from slidedp.runtime.host_state import HostState
@@ -31,6 +32,8 @@ from slidedp.runtime.optim import OptimConfig, adamw_chunk_, clip_coefficient, l
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.runtime.updates import UpdateWorker
 from slidedp.workload import ADAM_HOST_BYTES_BASE, CAST_HOST_BYTES, build_units
+
+FUSED_ADAM_HOST_BYTES = 28  # read p, m, v (12) + bf16 grad (2); write p, m, v (12) + bf16 weights (2)
 
 
 def chunk_ranges(n: int, chunks: int) -> list[tuple[int, int]]:
@@ -68,7 +71,7 @@ class _DeviceUnit:
 class StreamingEngine:
     def __init__(self, adapter: ModelAdapter, spec: ModelSpec, host: HostState, policy: Policy, optim: OptimConfig,
                  device: Device, recorder: TraceRecorder, seq: int, compute_dtype: torch.dtype,
-                 adam_threads: int | None = None):
+                 adam_threads: int | None = None, fused_adam: bool | None = None):
         if policy.update_schedule == "as_ready" and optim.max_grad_norm is not None:
             raise SlideDPError("update_schedule as_ready updates before the global gradient norm is known: "
                                "it cannot clip; use next_forward (exact clipping) or disable max_grad_norm")
@@ -79,6 +82,13 @@ class StreamingEngine:
         self.rotary = adapter.rotary(device.torch_device)
         self.norm_module = adapter.skeleton.model.norm
         self.worker = UpdateWorker(self._run_update, threaded=device.is_cuda, threads=adam_threads)
+        # One-pass AdamW + bf16 cast when the gradient lands in the bf16 weight slot (None: when it compiles).
+        slot_is_bf16 = host.grads is None and host.staging.dtype == torch.bfloat16
+        self._kernel = None
+        if slot_is_bf16 and fused_adam is not False:
+            self._kernel = fused_kernel()
+            if self._kernel is None and fused_adam:
+                raise SlideDPError(f"the fused CPU AdamW kernel did not compile: {fused_kernel_error()}")
         self._pending: tuple[float, float, int] | None = None  # (lr, clip coefficient, step) of deferred updates
         self._ckpt_pool: dict[tuple[int, int], torch.Tensor] = {}
         largest_chunk = max(b - a for u in range(len(self.units)) for a, b in self._chunks(u))
@@ -98,6 +108,13 @@ class StreamingEngine:
         host = self.host
         grad = host.grad_buffer[lo:hi]
         n = hi - lo
+        if self._kernel is not None:  # one pass: read grad + state, write state + bf16 weights (28 B/param)
+            with self.recorder.host_span("cpu", "adam", u, c, nbytes=n * FUSED_ADAM_HOST_BYTES,
+                                         host_bytes=n * FUSED_ADAM_HOST_BYTES):
+                o = self.optim
+                self._kernel.adamw_bf16(host.master[lo:hi], host.exp_avg[lo:hi], host.exp_avg_sq[lo:hi], grad, lr,
+                                        o.beta1, o.beta2, o.eps, o.weight_decay, float(step), coef)
+            return
         with self.recorder.host_span("cpu", "adam", u, c, nbytes=n * (ADAM_HOST_BYTES_BASE + grad.element_size()),
                                      host_bytes=n * (ADAM_HOST_BYTES_BASE + grad.element_size())):
             adamw_chunk_(host.master[lo:hi], grad, host.exp_avg[lo:hi], host.exp_avg_sq[lo:hi], step, lr, self.optim,

@@ -100,14 +100,20 @@ class ModelSpec:
         return BF16_BYTES * self.hidden
 
     def full_activation_bytes_per_token(self) -> int:
-        """Everything a layer's backward needs without recompute (flash attention, bf16).
+        """What autograd keeps for one layer's backward without recompute (HF implementation, bf16, SDPA).
 
-        Input, two norm outputs, q/k/v, attention output, residual, gate/up projections and their
-        SwiGLU product, plus fp32 log-sum-exp per head.
+        Each RMSNorm keeps its fp32 upcast input and bf16 output (8h B with the bf16 input); q/k norms
+        keep fp32 copies of q and k; RoPE keeps rotated q and k; SDPA keeps q, k, v, its output and an fp32
+        log-sum-exp per head; the SwiGLU MLP keeps gate, up, silu(gate) and their product. Measured on an
+        H200 for Qwen3-4B (batch 4 x 4096, keep): within 5% of this count.
         """
-        h, f = self.hidden, self.ffn
-        elems = 4 * h + 2 * self.q_dim + 2 * self.kv_dim + 3 * f
-        return BF16_BYTES * elems + 4 * self.heads
+        h, f, q, kv = self.hidden, self.ffn, self.q_dim, self.kv_dim
+        norms = 2 * 8 * h
+        qk_norm = 4 * (q + kv) if self.qk_norm else 0
+        rope = BF16_BYTES * (q + kv)
+        attention = BF16_BYTES * (2 * q + 2 * kv) + 4 * self.heads
+        mlp = 4 * BF16_BYTES * f
+        return norms + qk_norm + rope + attention + mlp
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -79,7 +79,8 @@ def test_bf16_trace_conserves_bytes_and_uses_14_bytes_per_param(tmp_path):
     assert host.bytes_per_param() == 14
     spec = ModelSpec.from_hf_config(json.loads(Path(path).read_text()), "tiny")
     device = Device("cpu")
-    engine = StreamingEngine(adapter, spec, host, policy, OPTIM, device, TraceRecorder(device), 16, torch.bfloat16)
+    engine = StreamingEngine(adapter, spec, host, policy, OPTIM, device, TraceRecorder(device), 16, torch.bfloat16,
+                             fused_adam=False)
     engine.step(batches(97, 16, 4, 1)[0])
     trace = engine.step(batches(97, 16, 4, 2)[1]).trace
     w = StepWorkload(spec, load_hardware("h200-x1"), policy, 16, 4)
@@ -89,3 +90,30 @@ def test_bf16_trace_conserves_bytes_and_uses_14_bytes_per_param(tmp_path):
         assert got[op] == pytest.approx(expected[op]["bytes"], rel=1e-9), op
     assert set(trace.resource) == {"gpu[0]", "h2d[0]", "d2h[0]", "cpu[0]"}
     assert trace.groupby("op")["flops"].sum()["fwd"] == pytest.approx(expected["fwd"]["flops"])
+
+
+def test_fused_bf16_adamw_kernel_matches_torch():
+    """The one-pass kernel (compiled on first use) equals torch's AdamW and writes the bf16 weights."""
+    from slidedp.runtime.cpu_adam import fused_kernel, fused_kernel_error
+
+    kernel = fused_kernel()
+    if kernel is None:
+        pytest.skip(f"no C++ toolchain: {fused_kernel_error()}")
+    torch.manual_seed(0)
+    n = 100_003
+    p = torch.randn(n)
+    m, v = torch.zeros(n), torch.zeros(n)
+    ref = torch.nn.Parameter(p.clone())
+    opt = torch.optim.AdamW([ref], lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
+    for step in range(1, 5):
+        g = (torch.randn(n) * 1e-2).bfloat16()
+        slot = g.clone()
+        kernel.adamw_bf16(p, m, v, slot, 1e-3, 0.9, 0.95, 1e-8, 0.1, float(step), 0.5)
+        ref.grad = g.float() * 0.5
+        opt.step()
+        assert torch.equal(slot, p.bfloat16())
+    torch.testing.assert_close(p, ref.detach(), rtol=1e-5, atol=1e-5)
+    nan_slot = torch.tensor([float("nan")]).bfloat16()
+    one = torch.ones(1)
+    kernel.adamw_bf16(one, torch.zeros(1), torch.zeros(1), nan_slot, 1e-3, 0.9, 0.95, 1e-8, 0.0, 1.0, 1.0)
+    assert torch.isnan(nan_slot).all()
