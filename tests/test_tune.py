@@ -30,13 +30,13 @@ def test_pick_equals_brute_force_simulated_optimum(hardware, batch):
 
 def test_no_returned_policy_exceeds_the_budget():
     model, hw = load_model_spec("qwen3-8b"), load_hardware("h200-x1")
-    budget = Budget(gpu_bytes=22 * GIB, host_bytes=115 * GIB)
+    budget = Budget(gpu_bytes=30 * GIB, host_bytes=115 * GIB)
     result = tune(model, hw, 4096, 8, budget, refine_top=3)
     assert result.enumerated > len(result.candidates) > 0  # the budget pruned something
     for cand in result.candidates:
         mem = estimate_memory(StepWorkload(model, hw, cand.policy, 4096, 8))
         assert mem.gpu_peak <= budget.gpu_bytes and mem.host_total <= budget.host_bytes
-    assert result.table()["gpu_peak_gib"].max() <= 22
+    assert result.table()["gpu_peak_gib"].max() <= 30
 
 
 def test_impossible_budget_names_the_smallest_feasible_one():
