@@ -229,6 +229,7 @@ def main() -> None:
         try:
             for model in args.models:
                 run_model(model, args.seq, args.batches, args.steps, out, results, traces)
+                pd.concat(traces).to_parquet(out / "traces.parquet", index=False)
         finally:
             if traces:
                 pd.concat(traces).to_parquet(out / "traces.parquet", index=False)

@@ -49,6 +49,8 @@ void adamw_bf16(torch::Tensor param, torch::Tensor exp_avg, torch::Tensor exp_av
     const float step_size = lr / bc1;
     const float inv_sqrt_bc2 = 1.0 / std::sqrt(bc2);
     const float scale = grad_scale, e = eps;
+    // Release the GIL: the trainer thread must keep launching GPU work while the update runs.
+    pybind11::gil_scoped_release no_gil;
     #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) {
         const float gi = bf16_to_f32(g[i]) * scale;
