@@ -12,6 +12,7 @@ the same process as the reference. Results go to results.jsonl, traces to traces
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -205,6 +206,7 @@ def run_model(model: str, seq: int, batches: list[int], steps: int, out: Path, r
             f"exposure {({k: round(v, 3) for k, v in exposure.items()})}")
     host.close()
     del host
+    gc.collect()  # the pinned host state must be gone before the next model allocates its own
 
 
 def main() -> None:

@@ -403,6 +403,7 @@ class StreamingEngine:
 
     def close(self) -> None:
         self.worker.close()
+        self.worker = None  # break the engine <-> worker cycle so the host state can be freed at once
 
 
 def _dummy_gpu():
