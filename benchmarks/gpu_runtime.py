@@ -26,7 +26,7 @@ from slidedp.exposure import exposure_from_trace, limiter
 from slidedp.hardware import GIB, load_hardware
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
-from slidedp.problem import Budget
+from slidedp.problem import resolve_budget
 from slidedp.runtime.device import Device
 from slidedp.runtime.engine import StreamingEngine
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
@@ -147,7 +147,7 @@ def run_model(model: str, seq: int, batches: list[int], steps: int, out: Path, r
         f"({host.bytes_per_param():.0f} B/param), pinned alloc {t_alloc:.1f} s, init {t_init:.1f} s, "
         f"RSS {rss_bytes() / GIB:.1f} GiB")
     optim = OptimConfig(lr=1e-5, max_grad_norm=1.0, total_steps=1000)
-    budget = Budget(gpu_bytes=hw.gpu.memory_gib * GIB, host_bytes=hw.host.memory_gib * GIB)
+    budget = resolve_budget(hw, None, hw.host.memory_gib)
     for batch in batches:
         t0 = time.perf_counter()
         tuned = tune(spec, hw, seq, batch, budget, refine_top=4)

@@ -14,6 +14,7 @@ from slidedp.policy import Policy, default_policy
 from slidedp.workload import StepWorkload
 
 HOST_USABLE_FRACTION = 0.9  # leave room for the OS, the Python processes and page cache
+GPU_USABLE_FRACTION = 0.92  # leave room for allocator fragmentation and the memory model's error (about 5%)
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ def resolve_hardware(name: str, gpus: int | None) -> HardwareProfile:
 
 
 def resolve_budget(hw: HardwareProfile, gpu_budget_gib: float | None, host_limit_gib: float | None) -> Budget:
-    gpu = (gpu_budget_gib if gpu_budget_gib is not None else hw.gpu.memory_gib) * GIB
+    gpu = (gpu_budget_gib if gpu_budget_gib is not None else GPU_USABLE_FRACTION * hw.gpu.memory_gib) * GIB
     if gpu > hw.gpu.memory_gib * GIB:
         raise SlideDPError(f"--gpu-budget {gpu_budget_gib} GiB exceeds the GPU's {hw.gpu.memory_gib} GiB")
     host = (host_limit_gib if host_limit_gib is not None else HOST_USABLE_FRACTION * hw.host.memory_gib) * GIB
