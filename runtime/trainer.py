@@ -54,6 +54,7 @@ class TrainSpec:
     export_hf: str | None = None
     gpu_budget_gib: float | None = None
     host_limit_gib: float | None = None
+    final_checkpoint: bool = True
 
 
 def _meminfo_available() -> float:
@@ -194,7 +195,8 @@ class Trainer:
                 engine.flush()
                 host.save(s.out / "checkpoint", {"data_step": step + 1, "policy": s.policy.to_dict()})
         engine.flush()
-        host.save(s.out / "checkpoint", {"data_step": start_step + s.steps, "policy": s.policy.to_dict()})
+        if s.final_checkpoint:
+            host.save(s.out / "checkpoint", {"data_step": start_step + s.steps, "policy": s.policy.to_dict()})
         return times, last
 
     def _summary(self, last: StepStats, times: list[float], device: Device, host: HostState) -> dict:

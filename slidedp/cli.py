@@ -119,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--resume", help="checkpoint directory to continue from")
     train.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (always at the end)")
+    train.add_argument("--no-checkpoint", action="store_true",
+                       help="do not write the final checkpoint (benchmarks; --save-every still applies)")
     train.add_argument("--export-hf", help="write bf16 HF safetensors here at the end")
     train.add_argument("--gpu-budget", type=positive_float, metavar="GIB", help="GPU memory budget in GiB")
     train.add_argument("--host-limit", type=positive_float, metavar="GIB", help="host memory limit in GiB")

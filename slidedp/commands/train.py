@@ -33,7 +33,8 @@ def build_train_spec(args: argparse.Namespace):
     return TrainSpec(model=args.model, data=args.data, policy=policy, steps=args.steps, seq=args.seq,
                      out=Path(args.out), hardware=hw, optim=optim, tokenizer=args.tokenizer, device=args.device,
                      dtype=args.dtype, seed=args.seed, resume=args.resume, save_every=args.save_every,
-                     export_hf=args.export_hf, gpu_budget_gib=args.gpu_budget, host_limit_gib=args.host_limit)
+                     export_hf=args.export_hf, gpu_budget_gib=args.gpu_budget, host_limit_gib=args.host_limit,
+                     final_checkpoint=not args.no_checkpoint)
 
 
 def run_train(args: argparse.Namespace) -> int:
