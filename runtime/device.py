@@ -13,6 +13,8 @@ import torch
 
 class Device:
     def __init__(self, name: str):
+        if name == "cuda":  # memory-fraction and stats calls want an explicit index
+            name = f"cuda:{torch.cuda.current_device()}"
         self.name = name
         self.is_cuda = name.startswith("cuda")
         self.torch_device = torch.device(name)
