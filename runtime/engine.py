@@ -14,6 +14,7 @@ Order of work, per step (layer-major: each unit is streamed once for all micro-b
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import pandas as pd
@@ -24,6 +25,7 @@ from torch.func import functional_call
 from slidedp.errors import SlideDPError
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
+from slidedp.runtime.comm import Comm, shard_bounds
 from slidedp.runtime.cpu_adam import fused_kernel, fused_kernel_error
 from slidedp.runtime.device import Device
 from slidedp.runtime.hf_adapter import ModelAdapter, UnitLayout
@@ -71,11 +73,14 @@ class _DeviceUnit:
 class StreamingEngine:
     def __init__(self, adapter: ModelAdapter, spec: ModelSpec, host: HostState, policy: Policy, optim: OptimConfig,
                  device: Device, recorder: TraceRecorder, seq: int, compute_dtype: torch.dtype,
-                 adam_threads: int | None = None, fused_adam: bool | None = None):
+                 adam_threads: int | None = None, fused_adam: bool | None = None, comm: Comm | None = None):
         if policy.update_schedule == "as_ready" and optim.max_grad_norm is not None:
             raise SlideDPError("update_schedule as_ready updates before the global gradient norm is known: "
                                "it cannot clip; use next_forward (exact clipping) or disable max_grad_norm")
         self.adapter, self.host, self.policy, self.optim = adapter, host, policy, optim
+        self.comm = comm or Comm()
+        if self.comm.active and (host.flags is None or (policy.grad_route == "per_rank" and host.landing is None)):
+            raise SlideDPError("data parallel needs a shared host state (HostState.allocate_shared)")
         self.device, self.recorder, self.seq, self.cdt = device, recorder, seq, compute_dtype
         self.units = adapter.units
         self.tied = adapter.tied
@@ -92,6 +97,9 @@ class StreamingEngine:
         self._pending: tuple[float, float, int] | None = None  # (lr, clip coefficient, step) of deferred updates
         self._ckpt_pool: dict[tuple[int, int], torch.Tensor] = {}
         largest_chunk = max(b - a for u in range(len(self.units)) for a, b in self._chunks(u))
+        self._chunk_base = [0]
+        for u in range(len(self.units) - 1):
+            self._chunk_base.append(self._chunk_base[-1] + len(self._chunks(u)))
         self._scratch = torch.empty(largest_chunk, dtype=torch.float32)  # the optimizer worker's fp32 gradient
         self._sim_units = build_units(spec, _dummy_gpu(), policy.activation, policy.micro_batch, policy.accumulation,
                                       seq)
@@ -100,11 +108,34 @@ class StreamingEngine:
     def _chunks(self, u: int) -> list[tuple[int, int]]:
         return chunk_ranges(self.units[u].numel, self.policy.chunks_per_layer)
 
+    def _owners(self, u: int, c: int) -> list[int]:
+        """Ranks that update chunk ``c`` of unit ``u``: every rank its shard (reduce-scatter), or one owner."""
+        if self.policy.grad_route == "reduce_scatter" or not self.comm.active:
+            return list(range(self.comm.world))
+        return [(u * self.policy.chunks_per_layer + c) % self.comm.world]
+
+    def _owned_range(self, u: int, c: int) -> tuple[int, int] | None:
+        """This rank's part of chunk ``c`` of unit ``u`` in the flat state, or None."""
+        unit, (a, b) = self.units[u], self._chunks(u)[c]
+        comm = self.comm
+        if comm.rank not in self._owners(u, c):
+            return None
+        if self.policy.grad_route == "reduce_scatter" and comm.active:
+            bounds = shard_bounds(a, b, comm.world)
+            a, b = bounds[comm.rank], bounds[comm.rank + 1]
+        return unit.offset + a, unit.offset + b
+
+    def _flag_index(self, u: int, c: int, rank: int) -> int:
+        return (self._chunk_base[u] + c) * self.comm.world + rank
+
     def _run_update(self, key: tuple, args: tuple) -> None:
         (u, c), (lr, coef, step) = key, args
-        unit = self.units[u]
-        a, b = self._chunks(u)[c]
-        lo, hi = unit.offset + a, unit.offset + b
+        lo, hi = self._owned_range(u, c)
+        self._update_range(u, c, lo, hi, lr, coef, step)
+        if self.host.flags is not None:
+            self.host.flags[self._flag_index(u, c, self.comm.rank)] = step  # after the data: readers poll this
+
+    def _update_range(self, u: int, c: int, lo: int, hi: int, lr: float, coef: float, step: int) -> None:
         host = self.host
         grad = host.grad_buffer[lo:hi]
         n = hi - lo
@@ -125,7 +156,8 @@ class StreamingEngine:
     def _submit_all(self, lr: float, coef: float, step: int) -> None:
         for u in range(len(self.units)):
             for c in range(len(self._chunks(u))):
-                self.worker.submit((u, c), (lr, coef, step))
+                if self._owned_range(u, c) is not None:
+                    self.worker.submit((u, c), (lr, coef, step))
 
     def flush(self) -> None:
         """Apply deferred updates now (before a checkpoint, an export, or the end of training)."""
@@ -136,6 +168,12 @@ class StreamingEngine:
 
     def _await_update(self, u: int, c: int) -> None:
         self.worker.wait((u, c))
+        if self.comm.active:  # other ranks update parts of this chunk: wait for their flags in shared memory
+            flags, step = self.host.flags, self.host.step
+            for owner in self._owners(u, c):
+                index = self._flag_index(u, c, owner)
+                while int(flags[index]) < step:
+                    time.sleep(0.0002)
 
     # ---- streaming ------------------------------------------------------------------------------------------
     def _fetch(self, u: int, into: _DeviceUnit | None = None) -> _DeviceUnit:
@@ -147,13 +185,25 @@ class StreamingEngine:
         allocated = dev.event()  # the block may be reused memory: copy only once compute reached this point
         dev.wait(dev.h2d, allocated)
         esize = into.flat.element_size()
+        sharded = self.policy.param_route == "sharded" and self.comm.active
         for c, (a, b) in enumerate(self._chunks(u)):
             self._await_update(u, c)
-            src = self.host.staging[unit.offset + a:unit.offset + b]
-            with self.recorder.span("h2d", "h2d_param", u, c, nbytes=(b - a) * esize, host_bytes=(b - a) * esize,
-                                    stream=dev.h2d), dev.on(dev.h2d), torch.autograd._unsafe_preserve_version_counter(
-                                        into.flat), torch.no_grad():
-                into.flat[a:b].copy_(src, non_blocking=True)
+            with dev.on(dev.h2d), torch.autograd._unsafe_preserve_version_counter(into.flat), torch.no_grad():
+                if not sharded:
+                    src = self.host.staging[unit.offset + a:unit.offset + b]
+                    with self.recorder.span("h2d", "h2d_param", u, c, nbytes=(b - a) * esize,
+                                            host_bytes=(b - a) * esize, stream=dev.h2d):
+                        into.flat[a:b].copy_(src, non_blocking=True)
+                    continue
+                bounds = shard_bounds(a, b, self.comm.world)
+                sa, sb = bounds[self.comm.rank], bounds[self.comm.rank + 1]
+                mine = torch.empty(sb - sa, dtype=into.flat.dtype, device=dev.torch_device)
+                with self.recorder.span("h2d", "h2d_param", u, c, nbytes=(sb - sa) * esize,
+                                        host_bytes=(sb - sa) * esize, stream=dev.h2d):
+                    mine.copy_(self.host.staging[unit.offset + sa:unit.offset + sb], non_blocking=True)
+                with self.recorder.span("link", "allgather", u, c, nbytes=(b - a - (sb - sa)) * esize,
+                                        stream=dev.h2d):
+                    self.comm.all_gather_into(into.flat[a:b], mine, bounds)
         into.ready = dev.event(dev.h2d)
         return into
 
@@ -256,6 +306,7 @@ class StreamingEngine:
         with torch.no_grad():
             pe = self.rotary(torch.empty(1, dtype=self.cdt, device=dev.torch_device), pos)
         loss_total = torch.zeros((), dtype=torch.float32, device=dev.torch_device)
+        self._cpu_norm_sq = 0.0
 
         def is_resident(u: int) -> bool:
             return u >= resident_from or (self.tied and u == embed_u)
@@ -361,12 +412,19 @@ class StreamingEngine:
         live.clear()
 
         # ---------------- update ----------------
+        if self.comm.active and pol.grad_route == "per_rank":  # owners hold the norms of the summed chunks
+            norm_sq = self.comm.all_reduce_(torch.tensor(self._cpu_norm_sq, dtype=torch.float64))
         norm = math.sqrt(float(norm_sq.item()))
-        loss_value = float(loss_total.item())
+        loss_value = float(self.comm.all_reduce_(loss_total.to(torch.float64).cpu()).item())
         skipped = not math.isfinite(norm)
         if skipped:
             self.worker.wait_all()
-            host.refresh_staging()  # the slots hold this step's gradients: restore the weights
+            for u in range(n_units):  # the slots hold this step's gradients: restore the weights
+                for c in range(len(self._chunks(u))):
+                    owned = self._owned_range(u, c)
+                    if owned is not None:
+                        host.staging[owned[0]:owned[1]].copy_(host.master[owned[0]:owned[1]])
+            self.comm.barrier()
         else:
             host.step += 1
             coef = clip_coefficient(self.optim, norm)
@@ -382,24 +440,56 @@ class StreamingEngine:
         return StepStats(loss_value, norm, lr, skipped, n_seq * self.seq, trace)
 
     def _send_grads(self, u: int, gflat: torch.Tensor, norm_sq: torch.Tensor, grad_done: dict) -> None:
-        """Add to the squared norm, cast, and copy the gradient chunk by chunk into the host slot."""
-        dev, host, unit = self.device, self.host, self.units[u]
-        norm_sq += torch.linalg.vector_norm(gflat).square()
-        dest = host.grad_buffer
+        """Reduce over ranks by the gradient route, add to the squared norm, and copy the gradient chunk by
+        chunk into the host slot (or, per-rank route, into this rank's landing buffer for the owner to sum)."""
+        dev, host, unit, comm = self.device, self.host, self.units[u], self.comm
+        per_rank = comm.active and self.policy.grad_route == "per_rank"
+        if comm.active and not per_rank:
+            esize = 4
+            with self.recorder.span("link", "reduce_scatter", u, nbytes=gflat.numel() * esize * (comm.world - 1)
+                                    / comm.world):
+                comm.reduce_gradient_(gflat)
+        if not per_rank:
+            norm_sq += torch.linalg.vector_norm(gflat).square()
+        dest = host.landing[comm.rank] if per_rank else host.grad_buffer
+        base = 0 if per_rank else unit.offset
         send = gflat.to(dest.dtype) if dest.dtype != gflat.dtype else gflat
         ready = dev.event()
         dev.wait(dev.d2h, ready)
         esize = send.element_size()
         last = None
         for c, (a, b) in enumerate(self._chunks(u)):
+            if comm.active and not per_rank:  # each rank copies only its shard of the reduced chunk
+                bounds = shard_bounds(a, b, comm.world)
+                a, b = bounds[comm.rank], bounds[comm.rank + 1]
             with self.recorder.span("d2h", "d2h_grad", u, c, nbytes=(b - a) * esize, host_bytes=(b - a) * esize,
                                     stream=dev.d2h), dev.on(dev.d2h):
-                dest[unit.offset + a:unit.offset + b].copy_(send[a:b], non_blocking=True)
+                dest[base + a:base + b].copy_(send[a:b], non_blocking=True)
             last = dev.event(dev.d2h)
-            if self.policy.update_schedule == "as_ready":
+            if self.policy.update_schedule == "as_ready" and not per_rank:
                 self.worker.submit((u, c), (lr_at(self.optim, host.step), 1.0, host.step + 1), last)
         dev.keep_alive(send, dev.d2h)
         grad_done[u] = last
+        if per_rank:
+            self._sum_landed(u, last)
+
+    def _sum_landed(self, u: int, landed) -> None:
+        """Per-rank gradient route: each chunk's owner sums every rank's copy into the shared slot."""
+        host, comm, unit = self.host, self.comm, self.units[u]
+        Device.host_wait(landed)
+        comm.barrier()  # every rank's copy of this unit has landed
+        for c, (a, b) in enumerate(self._chunks(u)):
+            if self._owned_range(u, c) is None:
+                continue
+            with self.recorder.host_span("cpu", "cpu_reduce", u, c, host_bytes=(b - a) * (comm.world + 1) * 2):
+                total = host.landing[0][a:b].to(torch.float32)
+                for r in range(1, comm.world):
+                    total += host.landing[r][a:b]
+                self._cpu_norm_sq += float(torch.linalg.vector_norm(total).square())
+                host.grad_buffer[unit.offset + a:unit.offset + b].copy_(total)
+            if self.policy.update_schedule == "as_ready":
+                self.worker.submit((u, c), (lr_at(self.optim, host.step), 1.0, host.step + 1))
+        comm.barrier()  # the landing buffers may be reused
 
     def close(self) -> None:
         self.worker.close()

@@ -24,14 +24,30 @@ STATE_FILE = "state.safetensors"
 META_FILE = "meta.json"
 
 
+def _register(t: torch.Tensor) -> None:
+    rc = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
+    if int(rc) != 0:
+        raise SlideDPError(f"cudaHostRegister of {t.numel() * t.element_size() / 2**30:.1f} GiB failed "
+                           f"(error {int(rc)}): raise the locked-memory limit (ulimit -l)")
+
+
+def _shared(path: Path, numel: int, dtype: torch.dtype, create: bool, pin: bool) -> torch.Tensor:
+    """A tensor backed by a file in shared memory (/dev/shm): every rank maps the same pages."""
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if create:
+        with open(path, "wb") as fh:
+            fh.truncate(nbytes)
+    t = torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
+    if pin:
+        _register(t)
+    return t
+
+
 def _alloc(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
     t = torch.empty(numel, dtype=dtype)
     t.zero_()  # touch every page now (in parallel), not during the first copy
     if pin:
-        rc = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), t.numel() * t.element_size(), 0)
-        if int(rc) != 0:
-            raise SlideDPError(f"cudaHostRegister of {t.numel() * t.element_size() / 2**30:.1f} GiB failed "
-                               f"(error {int(rc)}): raise the locked-memory limit (ulimit -l)")
+        _register(t)
     return t
 
 
@@ -44,12 +60,33 @@ class HostState:
     grads: torch.Tensor | None  # separate gradient buffer when the gradient dtype differs from staging's
     pinned: bool
     step: int = 0  # optimizer steps applied
+    # Data parallel only: per (unit, chunk, owner rank), the last optimizer step applied to that range, so a
+    # rank streams a chunk only once every owner has updated it; and each rank's gradient landing buffer.
+    flags: torch.Tensor | None = None
+    landing: list[torch.Tensor] | None = None
 
     @classmethod
     def allocate(cls, numel: int, staging_dtype: torch.dtype, grad_dtype: torch.dtype, pin: bool) -> HostState:
         grads = None if grad_dtype == staging_dtype else _alloc(numel, grad_dtype, pin)
         return cls(_alloc(numel, torch.float32, pin), _alloc(numel, torch.float32, pin),
                    _alloc(numel, torch.float32, pin), _alloc(numel, staging_dtype, pin), grads, pin)
+
+    @classmethod
+    def allocate_shared(cls, directory: Path, numel: int, staging_dtype: torch.dtype, grad_dtype: torch.dtype,
+                        pin: bool, create: bool, flags: int, world: int, landing_numel: int) -> HostState:
+        """The one state all ranks share, in files under ``directory`` (rank 0 creates them first)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        grads = None if grad_dtype == staging_dtype else \
+            _shared(directory / "grads.bin", numel, grad_dtype, create, pin)
+        state = cls(_shared(directory / "master.bin", numel, torch.float32, create, pin),
+                    _shared(directory / "exp_avg.bin", numel, torch.float32, create, pin),
+                    _shared(directory / "exp_avg_sq.bin", numel, torch.float32, create, pin),
+                    _shared(directory / "staging.bin", numel, staging_dtype, create, pin), grads, pin)
+        state.flags = _shared(directory / "flags.bin", flags, torch.int64, create, False)
+        if landing_numel:
+            state.landing = [_shared(directory / f"landing_{r}.bin", landing_numel, grad_dtype, create, pin)
+                             for r in range(world)]
+        return state
 
     @property
     def grad_buffer(self) -> torch.Tensor:
@@ -69,7 +106,7 @@ class HostState:
 
     def close(self) -> None:
         if self.pinned:
-            for t in (self.master, self.exp_avg, self.exp_avg_sq, self.staging, self.grads):
+            for t in (self.master, self.exp_avg, self.exp_avg_sq, self.staging, self.grads, *(self.landing or [])):
                 if t is not None:
                     torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
             self.pinned = False

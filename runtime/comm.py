@@ -1,0 +1,63 @@
+"""What the engine needs from torch.distributed, and nothing when there is one rank.
+
+Collectives run on whatever backend the process group has: NCCL between GPUs, gloo on CPU (the tests).
+gloo has no reduce-scatter, so gradient reduction is an all-reduce there and each rank keeps its shard;
+the bytes each rank copies to the host are the same as with a true reduce-scatter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+def shard_bounds(a: int, b: int, world: int) -> list[int]:
+    """Split [a, b) into ``world`` contiguous, nearly equal parts; part r is [bounds[r], bounds[r + 1])."""
+    return [a + (b - a) * r // world for r in range(world + 1)]
+
+
+@dataclass(frozen=True)
+class Comm:
+    rank: int = 0
+    world: int = 1
+
+    @classmethod
+    def from_process_group(cls) -> Comm:
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size())
+        return cls()
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
+        if self.active:
+            dist.all_reduce(t)
+        return t
+
+    def reduce_gradient_(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum a gradient over ranks (every rank then holds the sum; each copies only its shard out)."""
+        return self.all_reduce_(t)
+
+    def all_gather_into(self, out: torch.Tensor, mine: torch.Tensor, bounds: list[int]) -> None:
+        """Assemble ``out`` (length bounds[-1] - bounds[0]) from each rank's part ``mine`` of it."""
+        base = bounds[0]
+        if not self.active:
+            out.copy_(mine)
+            return
+        width = max(bounds[r + 1] - bounds[r] for r in range(self.world))
+        padded = torch.zeros(width, dtype=mine.dtype, device=mine.device)
+        padded[:mine.numel()] = mine
+        gathered = torch.empty(width * self.world, dtype=mine.dtype, device=mine.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+        gather(gathered, padded)
+        for r in range(self.world):
+            n = bounds[r + 1] - bounds[r]
+            out[bounds[r] - base:bounds[r + 1] - base] = gathered[r * width:r * width + n]

@@ -1,0 +1,89 @@
+"""Run the engine with several gloo ranks on CPU, sharing one host state, for the data-parallel tests."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from slidedp.model_spec import ModelSpec
+from slidedp.policy import Policy
+from slidedp.runtime.comm import Comm
+from slidedp.runtime.device import Device
+from slidedp.runtime.engine import StreamingEngine
+from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
+from slidedp.runtime.host_state import HostState
+from slidedp.runtime.tracing import TraceRecorder
+from tests.runtime_helpers import OPTIM, batches
+
+
+def shared_state(adapter: ModelAdapter, policy: Policy, comm: Comm, directory: Path) -> HostState:
+    flags = sum(-(-u.numel // -(-u.numel // policy.chunks_per_layer)) for u in adapter.units) * comm.world
+    landing = max(u.numel for u in adapter.units) if policy.grad_route == "per_rank" else 0
+    host = None
+    if comm.rank == 0:
+        host = HostState.allocate_shared(directory, adapter.total_params, torch.float32, torch.float32, pin=False,
+                                         create=True, flags=flags, world=comm.world, landing_numel=landing)
+        host.init_random(adapter, 0)
+    comm.barrier()
+    if comm.rank != 0:
+        host = HostState.allocate_shared(directory, adapter.total_params, torch.float32, torch.float32, pin=False,
+                                         create=False, flags=flags, world=comm.world, landing_numel=landing)
+    return host
+
+
+def shared_pss(directory: Path) -> dict[str, int]:
+    """Proportional set size (bytes) this process holds of each shared state file: summed over ranks it is
+    the memory the state really takes, so one copy shows as the file's size, not N times it."""
+    pss: dict[str, int] = {}
+    current = None
+    header = re.compile(r"^[0-9a-f]+-[0-9a-f]+ ")
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        parts = line.split()
+        if header.match(line):
+            current = Path(parts[-1]).name if len(parts) >= 6 and parts[-1].startswith(str(directory)) else None
+        elif current and line.startswith("Pss:"):
+            pss[current] = pss.get(current, 0) + int(parts[1]) * 1024
+    return pss
+
+
+def _worker(rank: int, world: int, init_file: str, config_path: str, policy_dict: dict, seq: int, steps: int,
+            shm: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    comm = Comm(rank, world)
+    policy = Policy.from_dict(policy_dict)
+    adapter = ModelAdapter(load_hf_config(config_path))
+    cfg = json.loads(Path(config_path).read_text())
+    host = shared_state(adapter, policy, comm, Path(shm))
+    device = Device("cpu")
+    engine = StreamingEngine(adapter, ModelSpec.from_hf_config(cfg, "tiny"), host, policy, OPTIM, device,
+                             TraceRecorder(device, rank=rank), seq, torch.float32, comm=comm)
+    per_rank = policy.sequences_per_rank()
+    losses = []
+    for step, tokens in enumerate(batches(cfg["vocab_size"], seq, per_rank * world, steps, seed=1)):
+        mine = tokens[rank * per_rank:(rank + 1) * per_rank]
+        stats = engine.step(mine, total_tokens=per_rank * world * seq)
+        losses.append(stats.loss)
+        if step == 0 and rank == world - 1:
+            stats.trace.to_parquet(Path(out).with_suffix(f".trace{rank}.parquet"))
+    engine.flush()
+    comm.barrier()
+    Path(out).with_suffix(f".pss{rank}.json").write_text(json.dumps(shared_pss(Path(shm))))
+    comm.barrier()
+    if rank == 0:
+        torch.save({"losses": losses, "master": host.master.clone()}, out)
+    comm.barrier()
+    engine.close()
+    dist.destroy_process_group()
+
+
+def run_data_parallel(world: int, config_path: str, policy: Policy, seq: int, steps: int, tmp: Path) -> dict:
+    out = tmp / f"dp{world}.pt"
+    mp.start_processes(_worker, args=(world, str(tmp / "init"), config_path, policy.to_dict(), seq, steps,
+                                      str(tmp / "shm"), str(out)), nprocs=world, start_method="spawn")
+    return torch.load(out)

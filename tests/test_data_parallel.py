@@ -1,0 +1,62 @@
+"""Synchronous data parallel over gloo ranks on CPU, all sharing one host state."""
+
+import json
+
+import pytest
+import torch
+
+from slidedp.policy import Policy
+from tests.dp_helpers import run_data_parallel
+from tests.runtime_helpers import TINY, batches, make_engine, write_config
+
+SEQ, STEPS = 16, 3
+
+
+def single_process(config_path: str, world: int, policy: Policy) -> tuple[list[float], torch.Tensor]:
+    """The same global batch in one process: N x the per-rank accumulation, micro-batches in rank order."""
+    single = Policy(micro_batch=policy.micro_batch, accumulation=policy.accumulation * world,
+                    chunks_per_layer=policy.chunks_per_layer, activation=policy.activation,
+                    update_schedule=policy.update_schedule)
+    engine, _, host = make_engine(config_path, single, SEQ)
+    data = batches(TINY["qwen3"]["vocab_size"], SEQ, policy.sequences_per_rank() * world, STEPS, seed=1)
+    losses = [engine.step(t).loss for t in data]
+    engine.flush()
+    return losses, host.master.clone()
+
+
+CASES = [(2, "replicated", "per_rank"), (2, "replicated", "reduce_scatter"), (2, "sharded", "per_rank"),
+         (2, "sharded", "reduce_scatter"), (3, "replicated", "per_rank"), (3, "sharded", "reduce_scatter")]
+
+
+@pytest.mark.parametrize("world, param_route, grad_route", CASES)
+def test_matches_single_process_at_the_same_global_batch(tmp_path, world, param_route, grad_route):
+    config = write_config(tmp_path, "qwen3")
+    policy = Policy(param_route=param_route, grad_route=grad_route, micro_batch=1, accumulation=2, chunks_per_layer=3,
+                    activation="offload" if world == 3 else "recompute")
+    result = run_data_parallel(world, config, policy, SEQ, STEPS, tmp_path)
+    losses, master = single_process(config, world, policy)
+    assert result["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(result["master"], master, rtol=1e-5, atol=2e-6)
+    trace = __import__("pandas").read_parquet(tmp_path / f"dp{world}.trace{world - 1}.parquet")
+    ops = set(trace.op)
+    assert ("allgather" in ops) == (param_route == "sharded")
+    assert ("reduce_scatter" in ops) == (grad_route == "reduce_scatter")
+    assert ("cpu_reduce" in ops) == (grad_route == "per_rank" and (world - 1) in
+                                     {(u * 3 + c) % world for u in range(5) for c in range(3)})
+
+
+def test_three_ranks_hold_one_copy_of_the_state(tmp_path):
+    config = write_config(tmp_path, "qwen3")
+    policy = Policy(param_route="sharded", grad_route="per_rank", micro_batch=1, accumulation=1, chunks_per_layer=2)
+    run_data_parallel(3, config, policy, SEQ, 1, tmp_path)
+    _, adapter, single_host = make_engine(config, Policy(), SEQ)
+    state_files = ("master.bin", "exp_avg.bin", "exp_avg_sq.bin", "staging.bin")
+    shm = tmp_path / "shm"
+    shared_bytes = sum((shm / f).stat().st_size for f in state_files)
+    assert shared_bytes == single_host.total_bytes()  # the same state as one process, not three
+    landing = sum(p.stat().st_size for p in shm.glob("landing_*.bin"))
+    largest_unit = max(u.numel for u in adapter.units) * 4
+    assert landing == 3 * largest_unit  # the only per-rank host buffers: one unit's gradient each
+    pss = [json.loads((tmp_path / f"dp3.pss{r}.json").read_text()) for r in range(3)]
+    for f in state_files:  # proportional set sizes over the three ranks add up to one file, not three
+        assert sum(p.get(f, 0) for p in pss) <= (shm / f).stat().st_size * 1.01 + 3 * 4096
