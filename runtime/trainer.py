@@ -7,7 +7,10 @@ invocation never leaves a half-made run directory.
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
+import shutil
+import signal
 import statistics
 import time
 from collections.abc import Callable
@@ -23,9 +26,10 @@ from slidedp.model import estimate_memory, memory_shortfalls
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.report.rundir import write_run_dir
+from slidedp.runtime.comm import Comm
 from slidedp.runtime.data import PackedData, load_data
 from slidedp.runtime.device import Device
-from slidedp.runtime.engine import StepStats, StreamingEngine
+from slidedp.runtime.engine import StepStats, StreamingEngine, chunk_ranges
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig
@@ -55,6 +59,7 @@ class TrainSpec:
     gpu_budget_gib: float | None = None
     host_limit_gib: float | None = None
     final_checkpoint: bool = True
+    world: int = 1  # data-parallel ranks (one process each, launched by torchrun)
 
 
 def _meminfo_available() -> float:
@@ -95,6 +100,9 @@ class Trainer:
             raise SlideDPError("--device cuda was asked for but no CUDA device is available")
         if device not in ("cpu",) and not device.startswith("cuda"):
             raise SlideDPError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
+        self.rank = int(os.environ.get("RANK", "0")) if s.world > 1 else 0
+        if device.startswith("cuda") and s.world > 1:
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
         self.device_name = device
         dtype = s.dtype if s.dtype != "auto" else ("bf16" if device.startswith("cuda") else "fp32")
         if dtype not in DTYPES:
@@ -105,8 +113,10 @@ class Trainer:
         if self.model_dir is not None and not list(self.model_dir.glob("*.safetensors")):
             self.model_dir = None  # a directory with only config.json: random init
         self.model_spec = ModelSpec.from_hf_config(self.config.to_dict(), name=Path(s.model).name or s.model)
-        self.per_step = s.policy.micro_batch * s.policy.accumulation
-        self.workload = StepWorkload(self.model_spec, s.hardware, s.policy, s.seq, self.per_step)
+        self.per_rank = s.policy.micro_batch * s.policy.accumulation
+        self.per_step = self.per_rank * s.world  # global batch
+        hw = s.hardware if s.hardware.num_gpus == s.world else s.hardware.with_gpus(s.world)
+        self.workload = StepWorkload(self.model_spec, hw, s.policy, s.seq, self.per_step)
         if s.seq > getattr(self.config, "max_position_embeddings", s.seq):
             raise SlideDPError(f"--seq {s.seq} exceeds the model's max_position_embeddings "
                                f"{self.config.max_position_embeddings}")
@@ -129,6 +139,7 @@ class Trainer:
     # ---- the run ----------------------------------------------------------------------------------------------
     def run(self) -> dict:
         s = self.spec
+        comm = self._init_distributed()
         device = Device(self.device_name)
         if device.is_cuda:
             total = torch.cuda.get_device_properties(device.torch_device).total_memory
@@ -136,68 +147,141 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(device.torch_device)
         adapter = ModelAdapter(self.config)
         bf16_grads = s.policy.grad_dtype == "bf16" and self.compute_dtype == torch.bfloat16
-        host = HostState.allocate(adapter.total_params, self.compute_dtype,
-                                  torch.bfloat16 if bf16_grads else torch.float32, pin=device.is_cuda)
-        self.log(f"host state: {host.bytes_per_param():.1f} bytes/param x {adapter.total_params / 1e9:.3f} B params "
-                 f"= {host.total_bytes() / GIB:.2f} GiB (one copy, pinned={host.pinned}); predicted GPU peak "
-                 f"{self.memory.gpu_peak / GIB:.1f} GiB of a {self.gpu_budget / GIB:.1f} GiB budget")
-        start_step = 0
-        if s.resume:
-            start_step = int(host.load(Path(s.resume))["data_step"])
-            self.log(f"resumed from {s.resume} at step {start_step}")
-        elif self.model_dir is not None:
-            host.load_hf_weights(adapter, self.model_dir)
+        grad_dtype = torch.bfloat16 if bf16_grads else torch.float32
+        shm = None
+        if comm.active:
+            # Every rank derives the same name (Python's hash() is salted per process; sha1 is not).
+            shm = Path("/dev/shm") / f"slidedp-{hashlib.sha1(str(s.out.resolve()).encode()).hexdigest()[:16]}"
+            host, start_step = self._shared_state(adapter, comm, device, grad_dtype, shm)
         else:
-            host.init_random(adapter, s.seed, device.torch_device)
+            host = HostState.allocate(adapter.total_params, self.compute_dtype, grad_dtype, pin=device.is_cuda)
+            start_step = self._initialise(host, adapter, device)
+        self.log(f"host state: {host.bytes_per_param():.1f} bytes/param x {adapter.total_params / 1e9:.3f} B params "
+                 f"= {host.total_bytes() / GIB:.2f} GiB (one copy for {comm.world} rank(s), pinned={host.pinned}); "
+                 f"predicted GPU peak {self.memory.gpu_peak / GIB:.1f} GiB of a {self.gpu_budget / GIB:.1f} GiB budget")
         threads = self.workload.adam_threads if device.is_cuda else None
-        engine = StreamingEngine(adapter, self.model_spec, host, s.policy, s.optim, device, TraceRecorder(device),
-                                 s.seq, self.compute_dtype, adam_threads=threads)
+        engine = StreamingEngine(adapter, self.model_spec, host, s.policy, s.optim, device,
+                                 TraceRecorder(device, rank=comm.rank), s.seq, self.compute_dtype,
+                                 adam_threads=threads, comm=comm)
         s.out.mkdir(parents=True, exist_ok=True)
         metrics_path = s.out / "metrics.csv"
         fresh = not (s.resume and metrics_path.exists())
         try:
-            with open(metrics_path, "w" if fresh else "a", newline="") as metrics:
-                times, last = self._loop(engine, host, device, start_step, csv.writer(metrics), metrics, fresh)
-            if s.export_hf:
+            with open(metrics_path if comm.rank == 0 else os.devnull, "w" if fresh else "a", newline="") as metrics:
+                times, last = self._loop(engine, host, device, start_step, csv.writer(metrics), metrics, fresh, comm)
+            if s.export_hf and comm.rank == 0:
                 host.export_hf(adapter, Path(s.export_hf))
+            summary = self._summary(last, times, device, host)
+            if comm.active:
+                last.trace.to_parquet(s.out / f"trace_rank{comm.rank}.parquet", index=False)
+            if comm.rank == 0:
+                write_run_dir(s.out, last.trace, exposure_from_trace(last.trace), summary, s.policy, s.hardware)
+            comm.barrier()
         finally:
             engine.close()
-        summary = self._summary(last, times, device, host)
-        exposure = exposure_from_trace(last.trace)
-        write_run_dir(s.out, last.trace, exposure, summary, s.policy, s.hardware)
-        host.close()
+            host.close()
+            if comm.active:
+                import torch.distributed as dist
+
+                dist.destroy_process_group()
+                if comm.rank == 0 and shm is not None:
+                    shutil.rmtree(shm, ignore_errors=True)
         return summary
 
+    def _init_distributed(self) -> Comm:
+        if self.spec.world == 1:
+            return Comm()
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            backend = "cpu:gloo,cuda:nccl" if self.device_name.startswith("cuda") else "gloo"
+            if self.device_name.startswith("cuda"):
+                torch.cuda.set_device(torch.device(self.device_name))
+            dist.init_process_group(backend)
+        comm = Comm.from_process_group()
+        if not self.device_name.startswith("cuda"):  # ranks share the cores instead of oversubscribing them
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.world))
+        if comm.world != self.spec.world:
+            raise SlideDPError(f"launched with {comm.world} ranks, the run asked for {self.spec.world}")
+        return comm
+
+    def _initialise(self, host: HostState, adapter: ModelAdapter, device: Device) -> int:
+        """Fill the state (resume, HF weights or random init); returns the data step to continue from."""
+        s = self.spec
+        if s.resume:
+            step = int(host.load(Path(s.resume))["data_step"])
+            self.log(f"resumed from {s.resume} at step {step}")
+            return step
+        if self.model_dir is not None:
+            host.load_hf_weights(adapter, self.model_dir)
+        else:
+            host.init_random(adapter, s.seed, device.torch_device)
+        return 0
+
+    def _shared_state(self, adapter: ModelAdapter, comm: Comm, device: Device, grad_dtype: torch.dtype,
+                      shm: Path) -> tuple[HostState, int]:
+        """Rank 0 creates and fills the one host state; the others map the same pages afterwards."""
+        import torch.distributed as dist
+
+        s = self.spec
+        flags = sum(len(chunk_ranges(u.numel, s.policy.chunks_per_layer)) for u in adapter.units) * comm.world
+        landing = max(u.numel for u in adapter.units) if s.policy.grad_route == "per_rank" else 0
+        args = (adapter.total_params, self.compute_dtype, grad_dtype)
+        kwargs = dict(pin=device.is_cuda, flags=flags, world=comm.world, landing_numel=landing)
+        info = [0, 0]
+        if comm.rank == 0:
+            shutil.rmtree(shm, ignore_errors=True)
+            host = HostState.allocate_shared(shm, *args, create=True, **kwargs)
+            info = [self._initialise(host, adapter, device), host.step]
+            host.flags.fill_(host.step)
+        dist.broadcast_object_list(info, src=0)  # also the barrier: the files exist and hold the state
+        if comm.rank != 0:
+            host = HostState.allocate_shared(shm, *args, create=False, **kwargs)
+            host.step = info[1]
+        return host, info[0]
+
     def _loop(self, engine: StreamingEngine, host: HostState, device: Device, start_step: int, writer, fh,
-              fresh: bool) -> tuple[list[float], StepStats]:
+              fresh: bool, comm: Comm) -> tuple[list[float], StepStats]:
         s = self.spec
         if fresh:
             writer.writerow(["step", "loss", "grad_norm", "lr", "skipped", "step_time_s", "tokens_per_s",
                              "gpu_peak_gib", "host_rss_gib"])
+        fault_rank, fault_step = os.environ.get("SLIDEDP_FAULT_RANK"), os.environ.get("SLIDEDP_FAULT_STEP")
         times: list[float] = []
         last = None
         for step in range(start_step, start_step + s.steps):
+            if fault_rank is not None and int(fault_rank) == comm.rank and int(fault_step) == step + 1:
+                os.kill(os.getpid(), signal.SIGKILL)  # fault injection for the failure tests: die mid-run
             t0 = time.perf_counter()
-            stats = engine.step(self.data.batch(step))
+            batch = self.data.batch(step)[comm.rank * self.per_rank:(comm.rank + 1) * self.per_rank]
+            stats = engine.step(batch, total_tokens=self.per_step * s.seq)
             dt = time.perf_counter() - t0
             times.append(dt)
             last = stats
             peak = torch.cuda.max_memory_allocated(device.torch_device) / GIB if device.is_cuda else 0.0
             writer.writerow([step + 1, f"{stats.loss:.6f}", f"{stats.grad_norm:.6f}", f"{stats.lr:.3e}",
-                             int(stats.skipped), f"{dt:.4f}", f"{stats.tokens / dt:.1f}", f"{peak:.2f}",
+                             int(stats.skipped), f"{dt:.4f}", f"{self.per_step * s.seq / dt:.1f}", f"{peak:.2f}",
                              f"{rss_bytes() / GIB:.2f}"])
             fh.flush()
             if stats.skipped:
                 self.log(f"step {step + 1}: non-finite gradient norm, update skipped (host state untouched)")
-            if self.on_step:
+            if self.on_step and comm.rank == 0:
                 self.on_step(step - start_step + 1, stats, dt)
             if s.save_every and (step + 1) % s.save_every == 0:
-                engine.flush()
-                host.save(s.out / "checkpoint", {"data_step": step + 1, "policy": s.policy.to_dict()})
-        engine.flush()
+                self._checkpoint(engine, host, comm, step + 1)
         if s.final_checkpoint:
-            host.save(s.out / "checkpoint", {"data_step": start_step + s.steps, "policy": s.policy.to_dict()})
+            self._checkpoint(engine, host, comm, start_step + s.steps)
+        else:
+            engine.flush()
         return times, last
+
+    def _checkpoint(self, engine: StreamingEngine, host: HostState, comm: Comm, data_step: int) -> None:
+        engine.flush()
+        comm.barrier()  # every owner has applied its updates
+        if comm.rank == 0:
+            host.save(self.spec.out / "checkpoint", {"data_step": data_step, "policy": self.spec.policy.to_dict(),
+                                                     "world": comm.world})
+        comm.barrier()
 
     def _summary(self, last: StepStats, times: list[float], device: Device, host: HostState) -> dict:
         s = self.spec
@@ -209,11 +293,12 @@ class Trainer:
 
         predicted = simulate(self.workload).step_time_s
         return {
-            "model": self.model_spec.name, "hardware": s.hardware.name, "gpus": 1, "seq": s.seq,
+            "model": self.model_spec.name, "hardware": s.hardware.name, "gpus": s.world, "seq": s.seq,
             "batch": self.per_step, "tokens_per_step": self.per_step * s.seq, "policy": s.policy.to_dict(),
+            "ranks": s.world,
             "source": "measured", "device": self.device_name, "dtype": str(self.compute_dtype).replace("torch.", ""),
             "steps": len(times), "step_time_s": step_time, "tokens_per_s": self.per_step * s.seq / step_time,
-            "model_tflops_per_gpu": self.workload.model_flops_per_step() / step_time / 1e12,
+            "model_tflops_per_gpu": self.workload.model_flops_per_step() / step_time / s.world / 1e12,
             "limiter": limiter(float(mean["compute"]), {c: float(mean[c]) for c in EXPOSURE_CATEGORIES}),
             "bottleneck": "",
             "final_loss": last.loss,

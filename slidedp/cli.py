@@ -6,6 +6,8 @@ Every user mistake ends as one ``slidedp: error: ...`` line on stderr with exit 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -105,8 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--policy", help="policy YAML from slidedp tune (default: recompute, micro-batch 1)")
     train.add_argument("--steps", type=positive_int, required=True, help="optimizer steps to run")
     train.add_argument("--seq", type=positive_int, default=4096, help="sequence length (default 4096)")
-    train.add_argument("--batch", type=positive_int, help="sequences per step (default: the policy's)")
+    train.add_argument("--batch", type=positive_int, help="global sequences per step (default: the policy's x ranks)")
     train.add_argument("--out", required=True, help="run directory")
+    train.add_argument("--nproc", type=positive_int, default=1,
+                       help="data-parallel ranks (one process per GPU via torchrun; all share one host state)")
     train.add_argument("--hardware", default="h200-x1", help="profile for preflight and prediction (default h200-x1)")
     train.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     train.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"], help="compute dtype")
@@ -159,9 +163,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and "WORLD_SIZE" in os.environ and "SLIDEDP_RANK_ARGV" in os.environ:
+        argv = json.loads(os.environ["SLIDEDP_RANK_ARGV"])  # a data-parallel rank started by slidedp train
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)
         return args.func(args)
     except SlideDPError as exc:
         print(f"slidedp: error: {exc}", file=sys.stderr)

@@ -24,8 +24,8 @@ def single_process(config_path: str, world: int, policy: Policy) -> tuple[list[f
     return losses, host.master.clone()
 
 
-CASES = [(2, "replicated", "per_rank"), (2, "replicated", "reduce_scatter"), (2, "sharded", "per_rank"),
-         (2, "sharded", "reduce_scatter"), (3, "replicated", "per_rank"), (3, "sharded", "reduce_scatter")]
+CASES = [(world, pr, gr) for world in (2, 3) for pr in ("replicated", "sharded")
+         for gr in ("per_rank", "reduce_scatter")]
 
 
 @pytest.mark.parametrize("world, param_route, grad_route", CASES)
@@ -60,3 +60,45 @@ def test_three_ranks_hold_one_copy_of_the_state(tmp_path):
     pss = [json.loads((tmp_path / f"dp3.pss{r}.json").read_text()) for r in range(3)]
     for f in state_files:  # proportional set sizes over the three ranks add up to one file, not three
         assert sum(p.get(f, 0) for p in pss) <= (shm / f).stat().st_size * 1.01 + 3 * 4096
+
+
+def _train(tmp_path, out, *extra, env=None):
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
+    (tmp_path / "data.txt").write_text("streaming layers through a shared host state " * 60)
+    cmd = [sys.executable, "-m", "slidedp.cli", "train", "--model", str(tmp_path / "tiny.json"), "--data",
+           str(tmp_path / "data.txt"), "--seq", "32", "--batch", "4", "--nproc", "2", "--device", "cpu",
+           "--out", str(out), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+def test_cli_nproc_trains_and_a_killed_rank_stops_every_rank(tmp_path):
+    import time
+
+    from slidedp.runtime.host_state import HostState
+
+    ok = _train(tmp_path, tmp_path / "run", "--steps", "2")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    metrics = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    assert len(metrics) == 3 and (tmp_path / "run" / "trace_rank1.parquet").exists()
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["ranks"] == 2
+
+    t0 = time.monotonic()
+    killed = _train(tmp_path, tmp_path / "killed", "--steps", "5", "--save-every", "1",
+                    env={"SLIDEDP_FAULT_RANK": "1", "SLIDEDP_FAULT_STEP": "3"})
+    assert killed.returncode != 0
+    assert time.monotonic() - t0 < 120
+    assert "a rank failed" in killed.stderr and "is intact" in killed.stderr
+    ckpt = tmp_path / "killed" / "checkpoint"
+    assert sorted(p.name for p in (tmp_path / "killed").iterdir() if p.name.startswith("checkpoint")) == ["checkpoint"]
+    state = HostState.allocate(_param_count(tmp_path), torch.float32, torch.float32, pin=False)
+    assert state.load(ckpt)["data_step"] == 2
+
+
+def _param_count(tmp_path) -> int:
+    from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
+
+    return ModelAdapter(load_hf_config(str(tmp_path / "tiny.json"))).total_params
