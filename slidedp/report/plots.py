@@ -114,20 +114,15 @@ def sweep_plot(sweep: pd.DataFrame, stem: Path, title: str) -> pd.DataFrame:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.8))
     plotted = []
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (policy, rows) in enumerate(by_batch.groupby("policy", sort=True)):
-        a1.plot(rows.batch, rows.tokens_per_s, color=colors[i % len(colors)], label=policy)
-        for r in rows.itertuples():
-            a1.scatter(r.batch, r.tokens_per_s, marker=LIMITER_MARKERS.get(r.limiter, "o"),
-                       color=colors[i % len(colors)], zorder=3)
-            plotted.append({"panel": "batch", "policy": policy, "x": r.batch, "tokens_per_s": r.tokens_per_s,
-                            "limiter": r.limiter})
-    for i, (policy, rows) in enumerate(by_gpus.groupby("policy", sort=True)):
-        a2.plot(rows.gpus, rows.tokens_per_s, color=colors[i % len(colors)], label=policy)
-        for r in rows.itertuples():
-            a2.scatter(r.gpus, r.tokens_per_s, marker=LIMITER_MARKERS.get(r.limiter, "o"),
-                       color=colors[i % len(colors)], zorder=3)
-            plotted.append({"panel": "gpus", "policy": policy, "x": r.gpus, "tokens_per_s": r.tokens_per_s,
-                            "limiter": r.limiter})
+    for ax, panel, column, rows_of_panel in ((a1, "batch", "batch", by_batch), (a2, "gpus", "gpus", by_gpus)):
+        for i, (policy, rows) in enumerate(rows_of_panel.groupby("policy", sort=True)):
+            color = colors[i % len(colors)]
+            ax.plot(rows[column], rows.tokens_per_s, color=color, label=policy)
+            for r in rows.itertuples():
+                x = getattr(r, column)
+                ax.scatter(x, r.tokens_per_s, marker=LIMITER_MARKERS.get(r.limiter, "o"), color=color, zorder=3)
+                plotted.append({"panel": panel, "policy": policy, "x": x, "tokens_per_s": r.tokens_per_s,
+                                "limiter": r.limiter})
     a1.set_xscale("log", base=2)
     a1.set_xlabel(f"global batch (sequences of {seq} tokens), {max_gpus} GPU(s)")
     a1.set_ylabel("throughput (tokens/s)")
