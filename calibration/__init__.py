@@ -1,1 +1,1 @@
-"""Micro-benchmarks and fits that produce HardwareProfiles. Not built yet: see the calibration issue."""
+"""Micro-benchmarks and fits that turn measurements (or run traces) into a HardwareProfile."""

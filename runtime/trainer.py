@@ -293,7 +293,8 @@ class Trainer:
 
         predicted = simulate(self.workload).step_time_s
         return {
-            "model": self.model_spec.name, "hardware": s.hardware.name, "gpus": s.world, "seq": s.seq,
+            "model": self.model_spec.name, "model_spec": self.model_spec.to_dict(), "hardware": s.hardware.name,
+            "gpus": s.world, "seq": s.seq, "adam_threads": self.workload.adam_threads,
             "batch": self.per_step, "tokens_per_step": self.per_step * s.seq, "policy": s.policy.to_dict(),
             "ranks": s.world,
             "source": "measured", "device": self.device_name, "dtype": str(self.compute_dtype).replace("torch.", ""),

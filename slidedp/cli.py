@@ -129,6 +129,19 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--gpu-budget", type=positive_float, metavar="GIB", help="GPU memory budget in GiB")
     train.add_argument("--host-limit", type=positive_float, metavar="GIB", help="host memory limit in GiB")
     train.set_defaults(func=_cmd_train)
+
+    cal = sub.add_parser("calibrate", help="measure this machine (or refit from runs) into a hardware profile")
+    cal.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
+    cal.add_argument("--base", default="h200-x1", help="profile whose unmeasured fields are kept (default h200-x1)")
+    cal.add_argument("--from-run", nargs="+", metavar="RUN", help="refit from these run directories instead")
+    cal.add_argument("--out", default="profile.yaml", help="profile to write (default profile.yaml)")
+    cal.set_defaults(func=_cmd_calibrate)
+
+    val = sub.add_parser("validate", help="predicted vs measured step time of run directories")
+    val.add_argument("runs", nargs="+", help="run directories")
+    val.add_argument("--hardware", default="h200-x1", help="profile to predict with (default h200-x1)")
+    val.add_argument("--out", help="write the table as CSV (for slidedp report --validation)")
+    val.set_defaults(func=_cmd_validate)
     return parser
 
 
@@ -160,6 +173,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from slidedp.commands.train import run_train
 
     return run_train(args)
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from slidedp.commands.calibrate import run_calibrate
+
+    return run_calibrate(args)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from slidedp.commands.calibrate import run_validate
+
+    return run_validate(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -29,7 +29,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.trace:
         save_trace(result.trace, args.trace)
     summary = {
-        "model": spec.name, "hardware": hw.name, "gpus": hw.num_gpus, "seq": w.seq, "batch": w.global_batch,
+        "model": spec.name, "model_spec": spec.to_dict(), "hardware": hw.name, "gpus": hw.num_gpus, "seq": w.seq,
+        "batch": w.global_batch,
         "tokens_per_step": w.tokens_per_step, "policy": policy.to_dict(), "source": "simulated",
         "step_time_s": result.step_time_s, "tokens_per_s": result.tokens_per_s, "limiter": result.limiter,
         "bottleneck": result.bottleneck,

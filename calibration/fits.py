@@ -1,0 +1,80 @@
+"""Model fits: transfer latency + size/bandwidth, and GPU layer time vs tokens and sequence length.
+
+Each fit returns its parameters and the relative RMS residual, so a profile says how well it explains
+the measurements it came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import curve_fit, nnls
+
+from slidedp.errors import SlideDPError
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    latency_s: float
+    bandwidth_Bps: float
+    residual: float  # relative RMS of time
+
+
+@dataclass(frozen=True)
+class ComputeFit:
+    matmul_tflops: float
+    half_efficiency_tokens: float
+    attention_tflops: float
+    overhead_s: float
+    residual: float
+
+
+def _relative_rms(predicted: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(((predicted - measured) / measured) ** 2)))
+
+
+def fit_link(sizes_bytes, seconds) -> LinkFit:
+    """t = latency + size / bandwidth, by non-negative least squares weighted to relative error."""
+    x, t = np.asarray(sizes_bytes, dtype=float), np.asarray(seconds, dtype=float)
+    if len(x) < 2 or np.any(t <= 0) or np.any(x <= 0):
+        raise SlideDPError("a link fit needs at least two positive (size, time) samples")
+    a = np.stack([np.ones_like(x), x], axis=1) / t[:, None]
+    (lat, inv_bw), _ = nnls(a, np.ones_like(t))
+    if inv_bw <= 0:
+        raise SlideDPError("link fit: times do not grow with size")
+    pred = lat + x * inv_bw
+    return LinkFit(float(lat), float(1.0 / inv_bw), _relative_rms(pred, t))
+
+
+def layer_time(x, matmul_tflops, half_tokens, attention_tflops, overhead_s):
+    """The GPUSpec compute model: linears at an efficiency that saturates with tokens, attention, overhead."""
+    linear_flops, attention_flops, tokens = x
+    eff = tokens / (tokens + half_tokens)
+    return linear_flops / (matmul_tflops * 1e12 * eff) + attention_flops / (attention_tflops * 1e12) + overhead_s
+
+
+def fit_compute(linear_flops, attention_flops, tokens, seconds) -> ComputeFit:
+    x = (np.asarray(linear_flops, float), np.asarray(attention_flops, float), np.asarray(tokens, float))
+    t = np.asarray(seconds, float)
+    if len(t) < 4:
+        raise SlideDPError("a compute fit needs at least four samples (tokens and sequence lengths varied)")
+    guess = (500.0, 128.0, 300.0, 1e-5)
+    try:
+        params, _ = curve_fit(layer_time, x, t, p0=guess, sigma=t, bounds=([1, 0, 1, 0], [5000, 1e5, 5000, 1.0]),
+                              maxfev=20000)
+    except (RuntimeError, ValueError) as exc:
+        raise SlideDPError(f"compute fit failed: {exc}") from None
+    pred = layer_time(x, *params)
+    return ComputeFit(*(float(p) for p in params), _relative_rms(pred, t))
+
+
+def thread_curve(threads, rates) -> dict[int, float]:
+    """Measured rate per thread count, made non-decreasing (more threads never predicted slower)."""
+    pairs = sorted(zip((int(t) for t in threads), (float(r) for r in rates), strict=True))
+    curve: dict[int, float] = {}
+    best = 0.0
+    for th, rate in pairs:
+        best = max(best, rate)
+        curve[th] = best
+    return curve

@@ -1,0 +1,150 @@
+"""Refit a hardware profile from run directories, and validate predictions against measurements.
+
+A run directory (measured by the runtime, or simulated) holds the trace, the policy, the hardware profile
+and a summary with the model's shape. The refit reads what each resource actually delivered in the trace:
+H2D and D2H bandwidth and latency from the copy operations, the CPU update rate from the optimizer
+operations, and the GPU rates from the per-layer forward times across runs of different sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from slidedp.calibration.fits import fit_compute, fit_link
+from slidedp.errors import SlideDPError
+from slidedp.hardware import HardwareProfile
+from slidedp.model_spec import ModelSpec
+from slidedp.policy import Policy
+from slidedp.report.rundir import load_run
+from slidedp.sim import simulate
+from slidedp.workload import ADAM_HOST_BYTES_BASE, StepWorkload
+
+FUSED_ADAM_BYTES = 28  # the runtime's one-pass kernel (see slidedp.runtime.engine)
+
+
+@dataclass
+class RunRecord:
+    label: str
+    spec: ModelSpec
+    policy: Policy
+    seq: int
+    batch: int
+    ranks: int
+    adam_threads: int | None
+    measured_s: float
+    measured_limiter: str
+    trace: pd.DataFrame
+
+    def workload(self, hw: HardwareProfile) -> StepWorkload:
+        machine = hw if hw.num_gpus == self.ranks else hw.with_gpus(self.ranks)
+        policy = self.policy if self.adam_threads is None else replace(self.policy, adam_threads=self.adam_threads)
+        return StepWorkload(self.spec, machine, policy, self.seq, self.batch)
+
+
+def load_record(path: str | Path) -> RunRecord:
+    run = load_run(path)
+    s = run.summary
+    missing = [k for k in ("model_spec", "policy", "seq", "batch", "step_time_s") if k not in s]
+    if missing:
+        raise SlideDPError(f"run {str(path)!r}: summary.json lacks {', '.join(missing)}")
+    return RunRecord(label=Path(path).name, spec=ModelSpec(**s["model_spec"]), policy=Policy.from_dict(s["policy"]),
+                     seq=int(s["seq"]), batch=int(s["batch"]), ranks=int(s.get("ranks", s.get("gpus", 1))),
+                     adam_threads=s.get("adam_threads"), measured_s=float(s["step_time_s"]),
+                     measured_limiter=str(s.get("limiter", "")), trace=run.trace)
+
+
+def validate(records: list[RunRecord], hw: HardwareProfile) -> pd.DataFrame:
+    """Predicted vs measured step time per run, the error, and whether the limiter matches."""
+    rows = []
+    for r in records:
+        sim = simulate(r.workload(hw))
+        rows.append({"label": r.label, "measured_s": r.measured_s, "predicted_s": sim.step_time_s,
+                     "error_percent": 100 * (sim.step_time_s - r.measured_s) / r.measured_s,
+                     "measured_limiter": r.measured_limiter, "predicted_limiter": sim.limiter,
+                     "limiter_match": r.measured_limiter == sim.limiter})
+    return pd.DataFrame(rows)
+
+
+def mape(table: pd.DataFrame) -> float:
+    return float(table["error_percent"].abs().mean())
+
+
+def _copy_fit(trace: pd.DataFrame, op: str):
+    rows = trace[(trace.op == op) & (trace.end_s > trace.start_s) & (trace.bytes > 0)]
+    if rows.empty:
+        return None
+    dur = (rows.end_s - rows.start_s).to_numpy()
+    size = rows.bytes.to_numpy()
+    if len(np.unique(np.round(size))) >= 2:
+        return fit_link(size, dur)
+    return None if dur.sum() <= 0 else float(size.sum() / dur.sum())
+
+
+def refit_profile(base: HardwareProfile, records: list[RunRecord]) -> tuple[HardwareProfile, dict]:
+    """A copy of ``base`` with the rates these runs measured; the report says what was fitted and how well."""
+    if not records:
+        raise SlideDPError("refit needs at least one run directory")
+    trace = pd.concat([r.trace for r in records], ignore_index=True)
+    gpu, host = base.gpu, base.host
+    report: dict = {}
+    for op, field in (("h2d_param", "h2d_gbps"), ("d2h_grad", "d2h_gbps")):
+        fit = _copy_fit(trace, op)
+        if fit is None:
+            continue
+        if isinstance(fit, float):
+            gpu = replace(gpu, **{field: fit / 1e9})
+            report[field] = {"value": fit / 1e9, "method": "bytes / busy time (one transfer size)"}
+        else:
+            gpu = replace(gpu, **{field: fit.bandwidth_Bps / 1e9, "pcie_latency_us": fit.latency_s * 1e6})
+            report[field] = {"value": fit.bandwidth_Bps / 1e9, "latency_us": fit.latency_s * 1e6,
+                             "residual": fit.residual}
+    adam = trace[trace.op == "adam"]
+    if not adam.empty:
+        fused = not (trace.op == "cast").any()
+        per_param = FUSED_ADAM_BYTES if fused else ADAM_HOST_BYTES_BASE + records[0].policy.grad_bytes
+        params = float(adam.bytes.sum()) / per_param
+        rate = params / float((adam.end_s - adam.start_s).sum()) / 1e9
+        threads = records[0].workload(base).adam_threads
+        old = host.adam_rate(threads) / 1e9
+        scale = float(rate / old)
+        host = replace(host, adam_gparams_per_s={k: v * scale for k, v in host.adam_gparams_per_s.items()})
+        if fused:  # the cast happens inside the update: make the separate cast pass free
+            host = replace(host, cast_gelems_per_s={k: 1e3 for k in host.cast_gelems_per_s})
+        report["adam_gparams_per_s"] = {"value": rate, "threads": threads, "scaled_curve_by": scale, "fused": fused}
+    gpu, report_compute = _refit_compute(gpu, records)
+    report.update(report_compute)
+    notes = (base.notes + " | " if base.notes else "") + f"refitted from {len(records)} run(s)"
+    return replace(base, name=f"{base.name}-refit", gpu=gpu, host=host, notes=notes), report
+
+
+def _refit_compute(gpu, records: list[RunRecord]):
+    """Fit the layer-time model to per-layer forward times (one micro-batch each) across the runs."""
+    lin, att, tok, sec = [], [], [], []
+    for r in records:
+        fwd = r.trace[(r.trace.op == "fwd") & (r.trace.layer >= 1) & (r.trace.layer <= r.spec.layers)]
+        if fwd.empty:
+            continue
+        tokens = r.seq * r.policy.micro_batch
+        per_mb = (fwd.end_s - fwd.start_s).median() / r.policy.accumulation
+        lin.append(r.spec.layer_linear_flops_per_token() * tokens)
+        att.append(r.spec.layer_attention_flops_per_token(r.seq) * tokens)
+        tok.append(tokens)
+        sec.append(per_mb)
+    if not sec:
+        return gpu, {}
+    if len(sec) >= 4 and len(set(tok)) >= 2:
+        fit = fit_compute(lin, att, tok, sec)
+        gpu = replace(gpu, matmul_tflops=fit.matmul_tflops, half_efficiency_tokens=fit.half_efficiency_tokens,
+                      attention_tflops=fit.attention_tflops, layer_overhead_us=fit.overhead_s * 1e6)
+        return gpu, {"compute": {"matmul_tflops": fit.matmul_tflops, "attention_tflops": fit.attention_tflops,
+                                 "half_efficiency_tokens": fit.half_efficiency_tokens, "residual": fit.residual}}
+    # Too few distinct sizes to separate the terms: scale both rates by the measured/predicted ratio.
+    predicted = [gpu.linear_time(l_, t) + gpu.attention_time(a) + gpu.layer_overhead_us * 1e-6
+                 for l_, a, t in zip(lin, att, tok, strict=True)]
+    ratio = float(np.sum(predicted) / np.sum(sec))  # plain float: profiles are written as YAML
+    gpu = replace(gpu, matmul_tflops=gpu.matmul_tflops * ratio, attention_tflops=gpu.attention_tflops * ratio)
+    return gpu, {"compute": {"scaled_rates_by": ratio, "samples": len(sec)}}

@@ -1,0 +1,96 @@
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from slidedp.calibration.fits import fit_compute, fit_link, layer_time, thread_curve
+from slidedp.calibration.from_run import load_record, mape, refit_profile, validate
+from slidedp.calibration.microbench import host_benchmarks, profile_from
+from slidedp.cli import main
+from slidedp.hardware import HardwareProfile, load_hardware
+from slidedp.model_spec import load_model_spec
+from slidedp.policy import Policy
+from slidedp.report.rundir import write_run_dir
+from slidedp.sim import simulate
+from slidedp.workload import StepWorkload
+
+
+def test_link_fit_recovers_latency_and_bandwidth():
+    rng = np.random.default_rng(0)
+    sizes = np.array([1, 4, 16, 64, 256, 1024]) * 2**20
+    times = (12e-6 + sizes / 50e9) * (1 + rng.normal(0, 0.01, len(sizes)))
+    fit = fit_link(sizes, times)
+    assert fit.bandwidth_Bps == pytest.approx(50e9, rel=0.03)
+    assert fit.latency_s == pytest.approx(12e-6, rel=0.3)
+    assert fit.residual < 0.02
+
+
+def test_compute_fit_predicts_layer_times():
+    rng = np.random.default_rng(1)
+    spec = load_model_spec("qwen3-8b")
+    tokens = np.array([512, 1024, 2048, 4096, 8192, 16384, 4096, 8192])
+    seqs = np.array([512, 1024, 2048, 4096, 8192, 16384, 1024, 2048])
+    lin = spec.layer_linear_flops_per_token() * tokens
+    att = np.array([spec.layer_attention_flops_per_token(s) for s in seqs]) * tokens
+    truth = layer_time((lin, att, tokens), 540.0, 200.0, 400.0, 20e-6)
+    fit = fit_compute(lin, att, tokens, truth * (1 + rng.normal(0, 0.01, len(truth))))
+    predicted = layer_time((lin, att, tokens), fit.matmul_tflops, fit.half_efficiency_tokens, fit.attention_tflops,
+                           fit.overhead_s)
+    assert np.max(np.abs(predicted / truth - 1)) < 0.03 and fit.residual < 0.02
+
+
+def test_thread_curve_is_monotone():
+    assert thread_curve([1, 2, 4, 8], [1.0, 1.8, 1.7, 2.5]) == {1: 1.0, 2: 1.8, 4: 1.8, 8: 2.5}
+
+
+def _truth(base: HardwareProfile) -> HardwareProfile:
+    gpu = replace(base.gpu, h2d_gbps=40.0, d2h_gbps=35.0, matmul_tflops=base.gpu.matmul_tflops * 0.8,
+                  attention_tflops=base.gpu.attention_tflops * 0.8)
+    host = replace(base.host, adam_gparams_per_s={k: v * 0.6 for k, v in base.host.adam_gparams_per_s.items()})
+    return replace(base, gpu=gpu, host=host)
+
+
+def _simulated_runs(tmp_path, hw: HardwareProfile) -> list:
+    """'Measured' runs: simulated on the true machine and written as run directories."""
+    spec = load_model_spec("qwen3-4b")
+    paths = []
+    for i, (seq, mb, act) in enumerate([(1024, 1, "recompute"), (2048, 2, "recompute"), (4096, 1, "keep"),
+                                        (4096, 4, "recompute"), (8192, 1, "offload"), (2048, 8, "recompute")]):
+        policy = Policy(micro_batch=mb, accumulation=1, activation=act, chunks_per_layer=4)
+        sim = simulate(StepWorkload(spec, hw, policy, seq, mb))
+        summary = {"model": spec.name, "model_spec": spec.to_dict(), "policy": policy.to_dict(), "seq": seq,
+                   "batch": mb, "ranks": 1, "step_time_s": sim.step_time_s, "limiter": sim.limiter}
+        paths.append(write_run_dir(tmp_path / f"run{i}", sim.trace, sim.exposure, summary, policy, hw))
+    return paths
+
+
+def test_refit_from_runs_lowers_the_prediction_error(tmp_path):
+    base = load_hardware("h200-x1")
+    records = [load_record(p) for p in _simulated_runs(tmp_path, _truth(base))]
+    before = mape(validate(records, base))
+    refit, report = refit_profile(base, records)
+    after = mape(validate(records, refit))
+    assert before > 10 and after < before / 3 and after < 5
+    assert refit.gpu.h2d_gbps == pytest.approx(40.0, rel=0.1)
+    assert {"h2d_gbps", "d2h_gbps", "adam_gparams_per_s", "compute"} <= set(report)
+
+
+def test_quick_microbenchmarks_make_a_valid_profile(tmp_path):
+    measured = host_benchmarks(quick=True)
+    assert measured.stream_gbps and min(measured.adam_gparams_per_s.values()) > 0
+    profile, _ = profile_from(load_hardware("h200-x1"), measured)
+    profile.save(tmp_path / "p.yaml")
+    assert load_hardware(str(tmp_path / "p.yaml")) == profile
+
+
+def test_cli_calibrate_and_validate(tmp_path, capsys):
+    paths = _simulated_runs(tmp_path, _truth(load_hardware("h200-x1")))
+    assert main(["calibrate", "--from-run", *map(str, paths), "--out", str(tmp_path / "refit.yaml")]) == 0
+    assert main(["validate", *map(str, paths), "--hardware", str(tmp_path / "refit.yaml"),
+                 "--out", str(tmp_path / "v.csv")]) == 0
+    assert "MAPE" in capsys.readouterr().out
+    assert main(["report", str(paths[0]), "--validation", str(tmp_path / "v.csv"), "--out", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "validation.png").exists()
+    assert main(["calibrate", "--quick", "--out", str(tmp_path / "q.yaml")]) == 0
+    (tmp_path / "empty").mkdir()
+    assert main(["validate", str(tmp_path / "empty")]) == 2
