@@ -21,7 +21,7 @@ from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.report.rundir import load_run
 from slidedp.sim import simulate
-from slidedp.workload import ADAM_HOST_BYTES_BASE, StepWorkload
+from slidedp.workload import ADAM_HOST_BYTES_BASE, StepWorkload, build_units
 
 FUSED_ADAM_BYTES = 28  # the runtime's one-pass kernel (see slidedp.runtime.engine)
 
@@ -121,30 +121,46 @@ def refit_profile(base: HardwareProfile, records: list[RunRecord]) -> tuple[Hard
     return replace(base, name=f"{base.name}-refit", gpu=gpu, host=host, notes=notes), report
 
 
+def _layer_seconds(records: list[RunRecord], gpu) -> tuple[float, float]:
+    """Predicted (with ``gpu``) and measured fwd + bwd seconds of the decoder layers over all runs."""
+    predicted = measured = 0.0
+    for r in records:
+        units = build_units(r.spec, gpu, r.policy.activation, r.policy.micro_batch, r.policy.accumulation, r.seq)
+        layers = r.trace[r.trace.op.isin(["fwd", "bwd"]) & (r.trace.layer >= 1) & (r.trace.layer <= r.spec.layers)]
+        if layers.empty:
+            continue
+        steps = len(layers) / (2 * r.spec.layers * max(1, r.trace["rank"].nunique()))
+        predicted += steps * sum(u.fwd_s + u.bwd_s for u in units[1:-1]) * r.trace["rank"].nunique()
+        measured += float((layers.end_s - layers.start_s).sum())
+    return predicted, measured
+
+
 def _refit_compute(gpu, records: list[RunRecord]):
-    """Fit the layer-time model to per-layer forward times (one micro-batch each) across the runs."""
+    """Fit the layer-time model to per-layer forward times (one micro-batch each) across the runs, then
+    scale both rates so forward + backward totals match what was measured (the model's backward is a fixed
+    multiple of the forward; long-sequence attention backward is relatively slower than that)."""
     lin, att, tok, sec = [], [], [], []
     for r in records:
         fwd = r.trace[(r.trace.op == "fwd") & (r.trace.layer >= 1) & (r.trace.layer <= r.spec.layers)]
         if fwd.empty:
             continue
         tokens = r.seq * r.policy.micro_batch
-        per_mb = (fwd.end_s - fwd.start_s).median() / r.policy.accumulation
         lin.append(r.spec.layer_linear_flops_per_token() * tokens)
         att.append(r.spec.layer_attention_flops_per_token(r.seq) * tokens)
         tok.append(tokens)
-        sec.append(per_mb)
+        sec.append(float((fwd.end_s - fwd.start_s).median()) / r.policy.accumulation)
     if not sec:
         return gpu, {}
+    report: dict = {"samples": len(sec)}
     if len(sec) >= 4 and len(set(tok)) >= 2:
         fit = fit_compute(lin, att, tok, sec)
         gpu = replace(gpu, matmul_tflops=fit.matmul_tflops, half_efficiency_tokens=fit.half_efficiency_tokens,
                       attention_tflops=fit.attention_tflops, layer_overhead_us=fit.overhead_s * 1e6)
-        return gpu, {"compute": {"matmul_tflops": fit.matmul_tflops, "attention_tflops": fit.attention_tflops,
-                                 "half_efficiency_tokens": fit.half_efficiency_tokens, "residual": fit.residual}}
-    # Too few distinct sizes to separate the terms: scale both rates by the measured/predicted ratio.
-    predicted = [gpu.linear_time(l_, t) + gpu.attention_time(a) + gpu.layer_overhead_us * 1e-6
-                 for l_, a, t in zip(lin, att, tok, strict=True)]
-    ratio = float(np.sum(predicted) / np.sum(sec))  # plain float: profiles are written as YAML
-    gpu = replace(gpu, matmul_tflops=gpu.matmul_tflops * ratio, attention_tflops=gpu.attention_tflops * ratio)
-    return gpu, {"compute": {"scaled_rates_by": ratio, "samples": len(sec)}}
+        report.update(matmul_tflops=fit.matmul_tflops, attention_tflops=fit.attention_tflops,
+                      half_efficiency_tokens=fit.half_efficiency_tokens, forward_fit_residual=fit.residual)
+    predicted, measured = _layer_seconds(records, gpu)
+    if measured > 0:
+        ratio = predicted / measured
+        gpu = replace(gpu, matmul_tflops=gpu.matmul_tflops * ratio, attention_tflops=gpu.attention_tflops * ratio)
+        report["fwd_bwd_scale"] = ratio
+    return gpu, {"compute": report}
