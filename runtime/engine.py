@@ -95,6 +95,8 @@ class StreamingEngine:
             if self._kernel is None and fused_adam:
                 raise SlideDPError(f"the fused CPU AdamW kernel did not compile: {fused_kernel_error()}")
         self._pending: tuple[float, float, int] | None = None  # (lr, clip coefficient, step) of deferred updates
+        self.poison_next_gradient = False  # fault injection: make the next unit's gradient NaN
+        self.nonfinite_chunks = 0  # as_ready only: chunks whose update was skipped for a non-finite gradient
         self._ckpt_pool: dict[tuple[int, int], torch.Tensor] = {}
         largest_chunk = max(b - a for u in range(len(self.units)) for a, b in self._chunks(u))
         self._chunk_base = [0]
@@ -139,6 +141,11 @@ class StreamingEngine:
         host = self.host
         grad = host.grad_buffer[lo:hi]
         n = hi - lo
+        if self.policy.update_schedule == "as_ready" and not bool(torch.isfinite(grad).all()):
+            # Updated before the norm is known, a chunk can only protect itself: skip it, keep its weights.
+            host.staging[lo:hi].copy_(host.master[lo:hi])
+            self.nonfinite_chunks += 1
+            return
         if self._kernel is not None:  # one pass: read grad + state, write state + bf16 weights (28 B/param)
             with self.recorder.host_span("cpu", "adam", u, c, nbytes=n * FUSED_ADAM_HOST_BYTES,
                                          host_bytes=n * FUSED_ADAM_HOST_BYTES):
@@ -443,6 +450,9 @@ class StreamingEngine:
         """Reduce over ranks by the gradient route, add to the squared norm, and copy the gradient chunk by
         chunk into the host slot (or, per-rank route, into this rank's landing buffer for the owner to sum)."""
         dev, host, unit, comm = self.device, self.host, self.units[u], self.comm
+        if self.poison_next_gradient:
+            gflat.fill_(float("nan"))
+            self.poison_next_gradient = False
         per_rank = comm.active and self.policy.grad_route == "per_rank"
         if comm.active and not per_rank:
             esize = 4

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from slidedp.errors import SlideDPError
 from slidedp.runtime.hf_adapter import ModelAdapter
 
 STATE_FILE = "state.safetensors"
+FAULT_KILL_IN_SAVE = "SLIDEDP_FAULT_KILL_IN_SAVE"  # tests: the data step whose checkpoint write is killed
 META_FILE = "meta.json"
 
 
@@ -160,12 +162,14 @@ class HostState:
         from safetensors.torch import save_file
 
         directory = Path(directory)
+        for stale in directory.parent.glob(directory.name + ".tmp-*"):  # left by a writer that was killed
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = directory.with_name(directory.name + f".tmp-{os.getpid()}")
-        if tmp.exists():
-            shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         save_file({"master": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq},
                   str(tmp / STATE_FILE))
+        if os.environ.get(FAULT_KILL_IN_SAVE) == str(meta.get("data_step")):
+            os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die with the new checkpoint half-written
         (tmp / META_FILE).write_text(json.dumps({**meta, "optimizer_step": self.step}, indent=2))
         with open(tmp / META_FILE) as fh:
             os.fsync(fh.fileno())

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from slidedp.errors import SlideDPError
+from slidedp.errors import SlideDPError, TrainingStopped
 from slidedp.exposure import exposure_from_trace, limiter
 from slidedp.hardware import GIB, HardwareProfile
 from slidedp.model import estimate_memory, memory_shortfalls
@@ -60,6 +60,7 @@ class TrainSpec:
     host_limit_gib: float | None = None
     final_checkpoint: bool = True
     world: int = 1  # data-parallel ranks (one process each, launched by torchrun)
+    on_nonfinite: str = "skip"  # skip the step, or stop the run, when the gradient norm is NaN/inf
 
 
 def _meminfo_available() -> float:
@@ -247,11 +248,13 @@ class Trainer:
             writer.writerow(["step", "loss", "grad_norm", "lr", "skipped", "step_time_s", "tokens_per_s",
                              "gpu_peak_gib", "host_rss_gib"])
         fault_rank, fault_step = os.environ.get("SLIDEDP_FAULT_RANK"), os.environ.get("SLIDEDP_FAULT_STEP")
+        nan_step = os.environ.get("SLIDEDP_FAULT_NAN_STEP")  # fault injection: a NaN gradient at this step
         times: list[float] = []
         last = None
         for step in range(start_step, start_step + s.steps):
             if fault_rank is not None and int(fault_rank) == comm.rank and int(fault_step) == step + 1:
                 os.kill(os.getpid(), signal.SIGKILL)  # fault injection for the failure tests: die mid-run
+            engine.poison_next_gradient = nan_step is not None and int(nan_step) == step + 1
             t0 = time.perf_counter()
             batch = self.data.batch(step)[comm.rank * self.per_rank:(comm.rank + 1) * self.per_rank]
             stats = engine.step(batch, total_tokens=self.per_step * s.seq)
@@ -264,6 +267,9 @@ class Trainer:
                              f"{rss_bytes() / GIB:.2f}"])
             fh.flush()
             if stats.skipped:
+                if s.on_nonfinite == "stop":
+                    raise TrainingStopped(f"non-finite gradient norm at step {step + 1}: stopped (--on-nonfinite "
+                                          f"stop); the host state was not updated by that step")
                 self.log(f"step {step + 1}: non-finite gradient norm, update skipped (host state untouched)")
             if self.on_step and comm.rank == 0:
                 self.on_step(step - start_step + 1, stats, dt)

@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--resume", help="checkpoint directory to continue from")
     train.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (always at the end)")
+    train.add_argument("--on-nonfinite", choices=["skip", "stop"], default="skip",
+                       help="a NaN/inf gradient norm skips the step (default) or stops the run (exit 3)")
     train.add_argument("--no-checkpoint", action="store_true",
                        help="do not write the final checkpoint (benchmarks; --save-every still applies)")
     train.add_argument("--export-hf", help="write bf16 HF safetensors here at the end")
@@ -197,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except SlideDPError as exc:
         print(f"slidedp: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except KeyboardInterrupt:
         print("slidedp: interrupted", file=sys.stderr)
         return 130

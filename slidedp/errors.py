@@ -7,3 +7,11 @@ and keeps its traceback.
 
 class SlideDPError(Exception):
     """Bad user input: unknown preset, malformed file, infeasible policy, impossible budget."""
+
+    exit_code = 2
+
+
+class TrainingStopped(SlideDPError):
+    """A run stopped on purpose (a non-finite gradient with --on-nonfinite stop)."""
+
+    exit_code = 3

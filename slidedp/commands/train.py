@@ -43,7 +43,7 @@ def build_train_spec(args: argparse.Namespace):
                      out=Path(args.out), hardware=hw, optim=optim, tokenizer=args.tokenizer, device=args.device,
                      dtype=args.dtype, seed=args.seed, resume=args.resume, save_every=args.save_every,
                      export_hf=args.export_hf, gpu_budget_gib=args.gpu_budget, host_limit_gib=args.host_limit,
-                     final_checkpoint=not args.no_checkpoint, world=world)
+                     final_checkpoint=not args.no_checkpoint, world=world, on_nonfinite=args.on_nonfinite)
 
 
 RANK_ARGV_ENV = "SLIDEDP_RANK_ARGV"
