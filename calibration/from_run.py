@@ -152,7 +152,14 @@ def _refit_compute(gpu, records: list[RunRecord]):
     if not sec:
         return gpu, {}
     report: dict = {"samples": len(sec)}
-    if len(sec) >= 4 and len(set(tok)) >= 2:
+    if len(set(tok)) >= 2 and len(sec) < 4:
+        # Too few sizes for the full model: one rate plus a fixed per-layer cost (t = overhead + flops / rate).
+        fit = fit_link(np.add(lin, att), sec)
+        rate = fit.bandwidth_Bps / 1e12  # "bytes" here are FLOPs
+        gpu = replace(gpu, matmul_tflops=rate, attention_tflops=rate, half_efficiency_tokens=0.0,
+                      layer_overhead_us=fit.latency_s * 1e6)
+        report.update(tflops=rate, overhead_us=fit.latency_s * 1e6, forward_fit_residual=fit.residual)
+    elif len(sec) >= 4 and len(set(tok)) >= 2:
         fit = fit_compute(lin, att, tok, sec)
         gpu = replace(gpu, matmul_tflops=fit.matmul_tflops, half_efficiency_tokens=fit.half_efficiency_tokens,
                       attention_tflops=fit.attention_tflops, layer_overhead_us=fit.overhead_s * 1e6)
