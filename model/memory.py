@@ -14,7 +14,9 @@ from slidedp.hardware import GIB
 from slidedp.model_spec import BF16_BYTES
 from slidedp.workload import StepWorkload
 
-LOGITS_BYTES_PER_ELEMENT = 12  # bf16 logits chunk, its fp32 upcast, fp32 softmax gradient, bf16 gradient
+# Live bytes per logit of one loss chunk (bf16 logits, their fp32 upcast, the softmax gradient): 8 matches the
+# 13 measured H200 peaks (Qwen3-4B/8B, 4K-128K tokens) within 10% at 32K-128K; see benchmarks/RESULTS.md.
+LOGITS_BYTES_PER_ELEMENT = 8
 
 
 @dataclass(frozen=True)

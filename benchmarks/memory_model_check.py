@@ -1,0 +1,46 @@
+"""Predicted GPU peak (memory model) against the peaks measured on the H200 (not a test).
+
+    python benchmarks/memory_model_check.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from slidedp.hardware import GIB, load_hardware
+from slidedp.model import estimate_memory
+from slidedp.model_spec import load_model_spec
+from slidedp.policy import Policy
+from slidedp.workload import StepWorkload
+
+RESULTS = Path(__file__).parent / "results" / "h200-2026-12-02"
+LONG_POLICY = Policy(activation="recompute", micro_batch=1, accumulation=1, chunks_per_layer=8, prefetch_depth=2)
+LONG_RUNS = {32768: 24.4295654296875}  # run32k: summary printed in its log only (see summary_from_log.txt)
+
+
+def measured_points():
+    for name in ("sweep_4b.jsonl", "sweep_8b_b1_b2.jsonl", "sweep_8b_b4_b16.jsonl"):
+        for line in (RESULTS / name).read_text().splitlines():
+            row = json.loads(line)
+            if "model" in row:
+                yield (f"{row['model']} batch {row['batch']} ({row['policy']['activation']})", row["model"],
+                       Policy.from_dict(row["policy"]), row["seq"], row["batch"], row["gpu_peak_gib"])
+    for run in ("run64k", "run128k"):
+        summary = json.loads((RESULTS / run / "summary.json").read_text())
+        yield (f"qwen3-8b {summary['seq']} tokens", "qwen3-8b", Policy.from_dict(summary["policy"]), summary["seq"],
+               summary["batch"], summary["gpu_peak_gib"])
+    for seq, peak in LONG_RUNS.items():
+        yield f"qwen3-8b {seq} tokens", "qwen3-8b", LONG_POLICY, seq, 1, peak
+
+
+def main() -> None:
+    hw = load_hardware("h200-x1")
+    print(f"{'run':34s} {'measured GiB':>12s} {'predicted':>10s} {'error':>7s}")
+    for label, model, policy, seq, batch, peak in measured_points():
+        predicted = estimate_memory(StepWorkload(load_model_spec(model), hw, policy, seq, batch)).gpu_peak / GIB
+        print(f"{label:34s} {peak:12.1f} {predicted:10.1f} {100 * (predicted - peak) / peak:+6.1f}%")
+
+
+if __name__ == "__main__":
+    main()
