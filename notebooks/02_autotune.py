@@ -19,6 +19,20 @@ from slidedp.workload import StepWorkload
 
 SMALL = os.environ.get("SLIDEDP_NOTEBOOK_SMALL") == "1"
 OUT = Path(os.environ.get("SLIDEDP_NOTEBOOK_OUT", "notebook_outputs")) / "02"
+
+
+def show(stem: Path) -> None:
+    """Display a saved figure inline under Jupyter; print where it is otherwise."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Image, display
+
+        if get_ipython() is not None:
+            display(Image(filename=str(stem.with_suffix(".png"))))
+            return
+    except ImportError:
+        pass
+    print(f"figure: {stem.with_suffix('.png')}")
 model = load_model_spec("qwen3-0.6b" if SMALL else "qwen3-8b")
 hw = load_hardware("h200-x1")
 budget = Budget(gpu_bytes=(12 if SMALL else 40) * GIB, host_bytes=110 * GIB)
@@ -42,4 +56,6 @@ print("winner:", best)
 sim = simulate(StepWorkload(model, hw, best, 4096, 8))
 plots.gantt(sim.trace, OUT / "timeline", f"{model.name}: tuned policy, one step")
 plots.exposure_bars(sim.exposure, OUT / "exposure", "Exposure of the tuned policy")
+show(OUT / "timeline")
+show(OUT / "exposure")
 print({k: round(v, 3) for k, v in sim.mean_exposure().items()}, "compute", round(sim.compute_s, 3))

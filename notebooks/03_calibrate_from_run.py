@@ -21,6 +21,20 @@ from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.trainer import Trainer, TrainSpec
 
 OUT = Path(os.environ.get("SLIDEDP_NOTEBOOK_OUT", "notebook_outputs")) / "03"
+
+
+def show(stem: Path) -> None:
+    """Display a saved figure inline under Jupyter; print where it is otherwise."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Image, display
+
+        if get_ipython() is not None:
+            display(Image(filename=str(stem.with_suffix(".png"))))
+            return
+    except ImportError:
+        pass
+    print(f"figure: {stem.with_suffix('.png')}")
 REPO = Path(os.environ.get("SLIDEDP_REPO", Path.cwd()))
 work = Path(tempfile.mkdtemp())
 config = dict(model_type="qwen3", vocab_size=300, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
@@ -51,6 +65,7 @@ print(f"MAPE before {mape(before):.0f}%, after refit {mape(after):.1f}%")
 table = pd.concat([before.assign(profile="h200-x1"), after.assign(profile="refit")])
 print(table[["profile", "label", "measured_s", "predicted_s", "error_percent"]].to_string(index=False))
 plots.predicted_vs_measured(after.assign(label=after.label), OUT / "cpu_runs", "Tiny model on this CPU, refit")
+show(OUT / "cpu_runs")
 
 # %% [markdown]
 # ## The measured H200 run
