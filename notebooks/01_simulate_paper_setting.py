@@ -14,24 +14,12 @@ from pathlib import Path
 from slidedp.hardware import load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.report import plots
+from slidedp.report.notebook import show
 from slidedp.sweep import POLICY_PRESETS, run_sweep
 
 SMALL = os.environ.get("SLIDEDP_NOTEBOOK_SMALL") == "1"
 OUT = Path(os.environ.get("SLIDEDP_NOTEBOOK_OUT", "notebook_outputs")) / "01"
 
-
-def show(stem: Path) -> None:
-    """Display a saved figure inline under Jupyter; print where it is otherwise."""
-    try:
-        from IPython import get_ipython
-        from IPython.display import Image, display
-
-        if get_ipython() is not None:
-            display(Image(filename=str(stem.with_suffix(".png"))))
-            return
-    except ImportError:
-        pass
-    print(f"figure: {stem.with_suffix('.png')}")
 model = load_model_spec("qwen3-0.6b" if SMALL else "qwen3-14b")
 hw = load_hardware("h100-sxm-x4")
 batches = [4, 8, 16] if SMALL else [4, 8, 16, 32, 64, 128, 256]

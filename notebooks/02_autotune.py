@@ -13,6 +13,7 @@ from slidedp.hardware import GIB, load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.problem import Budget
 from slidedp.report import plots
+from slidedp.report.notebook import show
 from slidedp.sim import simulate
 from slidedp.tune import TuneSpace, tune
 from slidedp.workload import StepWorkload
@@ -20,19 +21,6 @@ from slidedp.workload import StepWorkload
 SMALL = os.environ.get("SLIDEDP_NOTEBOOK_SMALL") == "1"
 OUT = Path(os.environ.get("SLIDEDP_NOTEBOOK_OUT", "notebook_outputs")) / "02"
 
-
-def show(stem: Path) -> None:
-    """Display a saved figure inline under Jupyter; print where it is otherwise."""
-    try:
-        from IPython import get_ipython
-        from IPython.display import Image, display
-
-        if get_ipython() is not None:
-            display(Image(filename=str(stem.with_suffix(".png"))))
-            return
-    except ImportError:
-        pass
-    print(f"figure: {stem.with_suffix('.png')}")
 model = load_model_spec("qwen3-0.6b" if SMALL else "qwen3-8b")
 hw = load_hardware("h200-x1")
 budget = Budget(gpu_bytes=(12 if SMALL else 40) * GIB, host_bytes=110 * GIB)

@@ -17,24 +17,12 @@ from slidedp.calibration.from_run import load_record, mape, refit_profile, valid
 from slidedp.hardware import load_hardware
 from slidedp.policy import Policy
 from slidedp.report import plots
+from slidedp.report.notebook import show
 from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.trainer import Trainer, TrainSpec
 
 OUT = Path(os.environ.get("SLIDEDP_NOTEBOOK_OUT", "notebook_outputs")) / "03"
 
-
-def show(stem: Path) -> None:
-    """Display a saved figure inline under Jupyter; print where it is otherwise."""
-    try:
-        from IPython import get_ipython
-        from IPython.display import Image, display
-
-        if get_ipython() is not None:
-            display(Image(filename=str(stem.with_suffix(".png"))))
-            return
-    except ImportError:
-        pass
-    print(f"figure: {stem.with_suffix('.png')}")
 REPO = Path(os.environ.get("SLIDEDP_REPO", Path.cwd()))
 work = Path(tempfile.mkdtemp())
 config = dict(model_type="qwen3", vocab_size=300, hidden_size=256, intermediate_size=768, num_hidden_layers=4,

@@ -6,10 +6,11 @@ Every user mistake ends as one ``slidedp: error: ...`` line on stderr with exit 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from slidedp.errors import SlideDPError
 
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--trace", help="write the simulated trace (.json for Perfetto, .csv or .parquet)")
     sim.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
     sim.add_argument("--out", help="write a run directory (trace, exposure, summary, policy, hardware) here")
-    sim.set_defaults(func=_cmd_simulate)
+    sim.set_defaults(func=_command("simulate", "run_simulate"))
 
     tune = sub.add_parser("tune", help="search policies under a memory budget and write the best as YAML")
     add_problem_args(tune)
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", default="policy.yaml", help="where to write the winning policy (default policy.yaml)")
     tune.add_argument("--table", help="ranked table CSV (default: <out>_ranked.csv)")
     tune.add_argument("--show", type=positive_int, default=12, help="rows of the ranked table to print")
-    tune.set_defaults(func=_cmd_tune)
+    tune.set_defaults(func=_command("tune", "run_tune"))
 
     sweep = sub.add_parser("sweep", help="simulate a grid of batch, sequence length, GPU count and policy")
     add_problem_args(sweep, batch_default=None)
@@ -90,14 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="policy presets (sharded, replicated, sharded-as-ready, zero-offload-like) or YAML files")
     sweep.add_argument("--analytical", action="store_true", help="use the analytical model only (fast)")
     sweep.add_argument("--out", default="sweep.csv", help="tidy table (.csv or .parquet; default sweep.csv)")
-    sweep.set_defaults(func=_cmd_sweep)
+    sweep.set_defaults(func=_command("report", "run_sweep_command"))
 
     report = sub.add_parser("report", help="plots and a one-page summary of a run directory or trace file")
     report.add_argument("run", help="run directory (slidedp simulate --out) or a trace file")
     report.add_argument("--sweep", help="sweep table from slidedp sweep, for the throughput plot")
     report.add_argument("--validation", help="CSV with label, predicted_s, measured_s for the y=x plot")
     report.add_argument("--out", default="report", help="output directory (default ./report)")
-    report.set_defaults(func=_cmd_report)
+    report.set_defaults(func=_command("report", "run_report"))
 
     train = sub.add_parser("train", help="full-parameter training with host-resident layer streaming")
     train.add_argument("--model", required=True,
@@ -130,63 +131,30 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--export-hf", help="write bf16 HF safetensors here at the end")
     train.add_argument("--gpu-budget", type=positive_float, metavar="GIB", help="GPU memory budget in GiB")
     train.add_argument("--host-limit", type=positive_float, metavar="GIB", help="host memory limit in GiB")
-    train.set_defaults(func=_cmd_train)
+    train.set_defaults(func=_command("train", "run_train"))
 
     cal = sub.add_parser("calibrate", help="measure this machine (or refit from runs) into a hardware profile")
     cal.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
     cal.add_argument("--base", default="h200-x1", help="profile whose unmeasured fields are kept (default h200-x1)")
     cal.add_argument("--from-run", nargs="+", metavar="RUN", help="refit from these run directories instead")
     cal.add_argument("--out", default="profile.yaml", help="profile to write (default profile.yaml)")
-    cal.set_defaults(func=_cmd_calibrate)
+    cal.set_defaults(func=_command("calibrate", "run_calibrate"))
 
     val = sub.add_parser("validate", help="predicted vs measured step time of run directories")
     val.add_argument("runs", nargs="+", help="run directories")
     val.add_argument("--hardware", default="h200-x1", help="profile to predict with (default h200-x1)")
     val.add_argument("--out", help="write the table as CSV (for slidedp report --validation)")
-    val.set_defaults(func=_cmd_validate)
+    val.set_defaults(func=_command("calibrate", "run_validate"))
     return parser
 
 
-def _cmd_simulate(args: argparse.Namespace) -> int:
-    from slidedp.commands.simulate import run_simulate
+def _command(module: str, function: str) -> Callable[[argparse.Namespace], int]:
+    """Import a command's module only when it runs, so `slidedp --help` and errors stay fast."""
 
-    return run_simulate(args)
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(f"slidedp.commands.{module}"), function)(args)
 
-
-def _cmd_tune(args: argparse.Namespace) -> int:
-    from slidedp.commands.tune import run_tune
-
-    return run_tune(args)
-
-
-def _cmd_sweep(args: argparse.Namespace) -> int:
-    from slidedp.commands.report import run_sweep_command
-
-    return run_sweep_command(args)
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    from slidedp.commands.report import run_report
-
-    return run_report(args)
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    from slidedp.commands.train import run_train
-
-    return run_train(args)
-
-
-def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from slidedp.commands.calibrate import run_calibrate
-
-    return run_calibrate(args)
-
-
-def _cmd_validate(args: argparse.Namespace) -> int:
-    from slidedp.commands.calibrate import run_validate
-
-    return run_validate(args)
+    return run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

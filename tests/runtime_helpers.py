@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 import torch.nn.functional as F
 
@@ -99,3 +101,16 @@ def reference_training(adapter: ModelAdapter, initial: torch.Tensor, data: list[
             start = unit.offset + p.offset
             flat[start:start + p.numel].copy_(named[p.hf_name].detach().reshape(-1))
     return losses, flat
+
+
+def run_cli_train(tmp_path, out, *extra, env=None, text="streaming layers through a shared host state "):
+    """`slidedp train` in a subprocess on a tiny Qwen3 and a small text file (CPU)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
+    (tmp_path / "data.txt").write_text(text * 60)
+    cmd = [sys.executable, "-m", "slidedp.cli", "train", "--model", str(tmp_path / "tiny.json"), "--data",
+           str(tmp_path / "data.txt"), "--seq", "32", "--out", str(out), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})

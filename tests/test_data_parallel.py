@@ -7,7 +7,7 @@ import torch
 
 from slidedp.policy import Policy
 from tests.dp_helpers import run_data_parallel
-from tests.runtime_helpers import TINY, batches, make_engine, write_config
+from tests.runtime_helpers import TINY, batches, make_engine, run_cli_train, write_config
 
 SEQ, STEPS = 16, 3
 
@@ -63,16 +63,7 @@ def test_three_ranks_hold_one_copy_of_the_state(tmp_path):
 
 
 def _train(tmp_path, out, *extra, env=None):
-    import os
-    import subprocess
-    import sys
-
-    (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
-    (tmp_path / "data.txt").write_text("streaming layers through a shared host state " * 60)
-    cmd = [sys.executable, "-m", "slidedp.cli", "train", "--model", str(tmp_path / "tiny.json"), "--data",
-           str(tmp_path / "data.txt"), "--seq", "32", "--batch", "4", "--nproc", "2", "--device", "cpu",
-           "--out", str(out), *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    return run_cli_train(tmp_path, out, "--batch", "4", "--nproc", "2", "--device", "cpu", *extra, env=env)
 
 
 def test_cli_nproc_trains_and_a_killed_rank_stops_every_rank(tmp_path):

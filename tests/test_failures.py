@@ -2,9 +2,6 @@
 
 import contextlib
 import json
-import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -18,16 +15,12 @@ from slidedp.errors import SlideDPError
 from slidedp.hardware import HardwareProfile, load_hardware
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
-from tests.runtime_helpers import TINY, batches, make_engine, write_config
+from tests.runtime_helpers import TINY, batches, make_engine, run_cli_train, write_config
 
 
 def _cli_train(tmp_path, out, *extra, env=None):
-    (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
-    (tmp_path / "data.txt").write_text("a checkpoint must survive a crash in the middle of its write " * 40)
-    cmd = [sys.executable, "-m", "slidedp.cli", "train", "--model", str(tmp_path / "tiny.json"), "--data",
-           str(tmp_path / "data.txt"), "--seq", "32", "--batch", "2", "--lr", "1e-2", "--total-steps", "6",
-           "--out", str(out), *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+    return run_cli_train(tmp_path, out, "--batch", "2", "--lr", "1e-2", "--total-steps", "6", *extra, env=env,
+                         text="a checkpoint must survive a crash in the middle of its write ")
 
 
 def test_killed_checkpoint_write_keeps_the_previous_one_and_resume_matches(tmp_path):
