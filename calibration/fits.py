@@ -59,10 +59,11 @@ def fit_compute(linear_flops, attention_flops, tokens, seconds) -> ComputeFit:
     t = np.asarray(seconds, float)
     if len(t) < 4:
         raise SlideDPError("a compute fit needs at least four samples (tokens and sequence lengths varied)")
-    guess = (500.0, 128.0, 300.0, 1e-5)
+    rate = float(np.median((x[0] + x[1]) / t)) / 1e12  # start from the observed rate: a GPU or a laptop CPU
+    guess = (rate, 128.0, rate, 1e-5)
     try:
-        params, _ = curve_fit(layer_time, x, t, p0=guess, sigma=t, bounds=([1, 0, 1, 0], [5000, 1e5, 5000, 1.0]),
-                              maxfev=20000)
+        params, _ = curve_fit(layer_time, x, t, p0=guess, sigma=t,
+                              bounds=([1e-6, 0, 1e-6, 0], [1e4, 1e5, 1e4, 1.0]), maxfev=20000)
     except (RuntimeError, ValueError) as exc:
         raise SlideDPError(f"compute fit failed: {exc}") from None
     pred = layer_time(x, *params)

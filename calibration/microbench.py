@@ -29,6 +29,7 @@ class Measurements:
     h2d: dict[int, float] = field(default_factory=dict)  # bytes -> seconds
     d2h: dict[int, float] = field(default_factory=dict)
     duplex_gbps: float | None = None
+    layer: tuple[str, list[tuple[int, int, float]]] | None = None  # model, [(seq, tokens, forward seconds)]
     report: dict = field(default_factory=dict)
 
 
@@ -140,6 +141,8 @@ def profile_from(base: HardwareProfile, m: Measurements) -> tuple[HardwareProfil
                                   "residual": fit.residual}
     if m.duplex_gbps:
         gpu = replace(gpu, duplex_gbps=m.duplex_gbps)
+    if m.layer is not None:
+        gpu, report["compute"] = compute_profile(gpu, *m.layer)
     try:
         with open("/proc/meminfo") as fh:
             total = next(int(line.split()[1]) for line in fh if line.startswith("MemTotal:"))
@@ -149,3 +152,52 @@ def profile_from(base: HardwareProfile, m: Measurements) -> tuple[HardwareProfil
     name = f"{base.name}-calibrated"
     return replace(base, name=name, gpu=gpu, host=host,
                    notes=f"calibrated on this machine by slidedp calibrate from {base.name}"), report
+
+
+def layer_benchmarks(m: Measurements, model: str, quick: bool, progress: Progress | None = None) -> None:
+    """Forward time of one decoder layer of ``model`` against tokens and sequence length, on the device the
+    runtime would use (CUDA when present, else CPU in fp32), through the runtime's own layer call."""
+    from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    adapter = ModelAdapter(load_hf_config(model))
+    unit = adapter.units[1]
+    layer = adapter.layer_module(unit)
+    flat = torch.randn(unit.numel, dtype=dtype, device=device) * 0.02
+    params = {p.name: flat[p.offset:p.offset + p.numel].view(p.shape) for p in unit.params}
+    rotary = adapter.rotary(device)
+    grid = [(64, 1), (64, 4), (256, 1), (256, 2)] if quick else [(1024, 1), (1024, 8), (4096, 1), (4096, 4),
+                                                                 (16384, 1), (32768, 1)]
+    samples = []
+    for i, (seq, batch) in enumerate(grid):
+        x = torch.randn(batch, seq, adapter.config.hidden_size, dtype=dtype, device=device)
+        pos = torch.arange(seq, device=device).unsqueeze(0)
+        pe = rotary(x, pos)
+
+        def forward(x=x, pos=pos, pe=pe):
+            with torch.no_grad():
+                torch.func.functional_call(layer, params, (x,), {"attention_mask": None, "position_embeddings": pe,
+                                                                "position_ids": pos})
+            if cuda:
+                torch.cuda.synchronize()
+        samples.append((seq, batch * seq, _median_time(forward, 2 if quick else 5)))
+        if progress:
+            progress(i + 1, len(grid))
+    m.layer = (model, samples)
+
+
+def compute_profile(gpu, model: str, samples):
+    """Fit the GPUSpec compute model to the layer timings (see layer_benchmarks)."""
+    from slidedp.calibration.fits import fit_compute
+    from slidedp.model_spec import load_model_spec
+
+    spec = load_model_spec(model)
+    lin = [spec.layer_linear_flops_per_token() * tokens for _, tokens, _ in samples]
+    att = [spec.layer_attention_flops_per_token(seq) * tokens for seq, tokens, _ in samples]
+    fit = fit_compute(lin, att, [t for _, t, _ in samples], [s for _, _, s in samples])
+    gpu = replace(gpu, matmul_tflops=fit.matmul_tflops, attention_tflops=fit.attention_tflops,
+                  half_efficiency_tokens=fit.half_efficiency_tokens, layer_overhead_us=fit.overhead_s * 1e6)
+    return gpu, {"matmul_tflops": fit.matmul_tflops, "attention_tflops": fit.attention_tflops,
+                 "half_efficiency_tokens": fit.half_efficiency_tokens, "residual": fit.residual}

@@ -94,3 +94,21 @@ def test_cli_calibrate_and_validate(tmp_path, capsys):
     assert main(["calibrate", "--quick", "--out", str(tmp_path / "q.yaml")]) == 0
     (tmp_path / "empty").mkdir()
     assert main(["validate", str(tmp_path / "empty")]) == 2
+
+
+def test_layer_benchmark_fits_the_compute_model_on_this_cpu(tmp_path):
+    import json
+
+    from slidedp.calibration.microbench import Measurements, layer_benchmarks
+
+    config = tmp_path / "small.json"
+    config.write_text(json.dumps(dict(model_type="qwen3", vocab_size=300, hidden_size=128, intermediate_size=384,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                      max_position_embeddings=4096)))
+    measured = Measurements(stream_gbps={1: 10.0}, adam_gparams_per_s={1: 1.0}, cast_gelems_per_s={1: 1.0})
+    layer_benchmarks(measured, str(config), quick=True)
+    assert len(measured.layer[1]) == 4 and all(t > 0 for *_, t in measured.layer[1])
+    profile, report = profile_from(load_hardware("h200-x1"), measured)
+    assert report["compute"]["residual"] < 0.5
+    assert 1e-4 < profile.gpu.matmul_tflops < 50  # a CPU, not an H200
+    assert main(["calibrate", "--quick", "--model", str(config), "--out", str(tmp_path / "p.yaml")]) == 0

@@ -31,7 +31,7 @@ def _table(title: str, table) -> Table:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     from slidedp.calibration.from_run import mape, refit_profile, validate
-    from slidedp.calibration.microbench import gpu_benchmarks, host_benchmarks, profile_from
+    from slidedp.calibration.microbench import gpu_benchmarks, host_benchmarks, layer_benchmarks, profile_from
 
     console = Console()
     base = load_hardware(args.base)
@@ -46,6 +46,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         with progress_callback("micro-benchmarks") as progress:
             measured = host_benchmarks(args.quick, progress)
             gpu_benchmarks(measured, args.quick)
+            if args.model:
+                layer_benchmarks(measured, args.model, args.quick, progress)
         profile, report = profile_from(base, measured)
     for key, value in report.items():
         console.print(f"  {key}: {value}")
