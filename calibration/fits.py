@@ -6,10 +6,11 @@ the measurements it came from.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import curve_fit, nnls
+from scipy.optimize import OptimizeWarning, curve_fit, nnls
 
 from slidedp.errors import SlideDPError
 
@@ -62,8 +63,10 @@ def fit_compute(linear_flops, attention_flops, tokens, seconds) -> ComputeFit:
     rate = float(np.median((x[0] + x[1]) / t)) / 1e12  # start from the observed rate: a GPU or a laptop CPU
     guess = (rate, 128.0, rate, 1e-5)
     try:
-        params, _ = curve_fit(layer_time, x, t, p0=guess, sigma=t,
-                              bounds=([1e-6, 0, 1e-6, 0], [1e4, 1e5, 1e4, 1.0]), maxfev=20000)
+        with warnings.catch_warnings():  # the covariance is not used; an unidentifiable term only widens it
+            warnings.simplefilter("ignore", OptimizeWarning)
+            params, _ = curve_fit(layer_time, x, t, p0=guess, sigma=t,
+                                  bounds=([1e-6, 0, 1e-6, 0], [1e4, 1e5, 1e4, 1.0]), maxfev=20000)
     except (RuntimeError, ValueError) as exc:
         raise SlideDPError(f"compute fit failed: {exc}") from None
     pred = layer_time(x, *params)
