@@ -36,6 +36,12 @@ class MemoryEstimate:
         return self.gpu_weights + self.gpu_grads + self.gpu_activations + self.gpu_loss + self.gpu_reserve
 
     @property
+    def gpu_allocated_peak(self) -> float:
+        """What PyTorch's allocator itself holds at the peak (torch.cuda.max_memory_allocated): the peak
+        without the reserve for the CUDA context and allocator slack."""
+        return self.gpu_peak - self.gpu_reserve
+
+    @property
     def host_total(self) -> float:
         return self.host_state + self.host_staging + self.host_activations
 

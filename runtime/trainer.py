@@ -311,6 +311,7 @@ class Trainer:
             "final_loss": last.loss,
             "gpu_peak_gib": torch.cuda.max_memory_allocated(device.torch_device) / GIB if device.is_cuda else None,
             "predicted_gpu_peak_gib": self.memory.gpu_peak / GIB,
+            "predicted_gpu_allocated_gib": self.memory.gpu_allocated_peak / GIB,  # compare with gpu_peak_gib
             "host_rss_peak_gib": rss_bytes("VmHWM") / GIB,
             "host_state_bytes_per_param": host.bytes_per_param(),
             "predicted_step_time_s": predicted,
