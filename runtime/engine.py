@@ -43,6 +43,14 @@ def chunk_ranges(n: int, chunks: int) -> list[tuple[int, int]]:
     return [(a, min(n, a + step)) for a in range(0, n, step)]
 
 
+def shared_buffer_sizes(adapter: ModelAdapter, policy: Policy, world: int) -> tuple[int, int]:
+    """Entries of the shared update-flag table and elements of each rank's gradient landing buffer that a
+    data-parallel engine with this policy needs (see HostState.allocate_shared)."""
+    flags = sum(len(chunk_ranges(u.numel, policy.chunks_per_layer)) for u in adapter.units) * world
+    landing = max(u.numel for u in adapter.units) if policy.grad_route == "per_rank" else 0
+    return flags, landing
+
+
 @dataclass
 class StepStats:
     loss: float

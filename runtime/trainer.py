@@ -29,7 +29,7 @@ from slidedp.report.rundir import write_run_dir
 from slidedp.runtime.comm import Comm
 from slidedp.runtime.data import PackedData, load_data
 from slidedp.runtime.device import Device
-from slidedp.runtime.engine import StepStats, StreamingEngine, chunk_ranges
+from slidedp.runtime.engine import StepStats, StreamingEngine, shared_buffer_sizes
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig
@@ -225,8 +225,7 @@ class Trainer:
         import torch.distributed as dist
 
         s = self.spec
-        flags = sum(len(chunk_ranges(u.numel, s.policy.chunks_per_layer)) for u in adapter.units) * comm.world
-        landing = max(u.numel for u in adapter.units) if s.policy.grad_route == "per_rank" else 0
+        flags, landing = shared_buffer_sizes(adapter, s.policy, comm.world)
         args = (adapter.total_params, self.compute_dtype, grad_dtype)
         kwargs = dict(pin=device.is_cuda, flags=flags, world=comm.world, landing_numel=landing)
         info = [0, 0]

@@ -14,7 +14,7 @@ from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.runtime.comm import Comm
 from slidedp.runtime.device import Device
-from slidedp.runtime.engine import StreamingEngine
+from slidedp.runtime.engine import StreamingEngine, shared_buffer_sizes
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.tracing import TraceRecorder
@@ -22,8 +22,7 @@ from tests.runtime_helpers import OPTIM, batches
 
 
 def shared_state(adapter: ModelAdapter, policy: Policy, comm: Comm, directory: Path) -> HostState:
-    flags = sum(-(-u.numel // -(-u.numel // policy.chunks_per_layer)) for u in adapter.units) * comm.world
-    landing = max(u.numel for u in adapter.units) if policy.grad_route == "per_rank" else 0
+    flags, landing = shared_buffer_sizes(adapter, policy, comm.world)
     host = None
     if comm.rank == 0:
         host = HostState.allocate_shared(directory, adapter.total_params, torch.float32, torch.float32, pin=False,
