@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
@@ -59,6 +59,27 @@ class StepStats:
     skipped: bool
     tokens: int
     trace: pd.DataFrame
+
+
+@dataclass
+class _Step:
+    """What one step carries between its forward and backward units."""
+
+    ids: list[torch.Tensor]
+    labels: list[torch.Tensor]
+    pos: torch.Tensor
+    pe: tuple[torch.Tensor, torch.Tensor]
+    inv_tokens: float
+    norm_sq: torch.Tensor
+    loss_total: torch.Tensor
+    head_grad: torch.Tensor | None
+    embed_grad: torch.Tensor | None
+    live: dict = field(default_factory=dict)  # unit -> _DeviceUnit on the GPU now
+    released: dict = field(default_factory=dict)  # kept-graph units whose memory was freed until backward
+    ckpt: dict = field(default_factory=dict)  # unit -> its inputs per micro-batch
+    kept: dict = field(default_factory=dict)  # unit -> (input leaf, output) per micro-batch (policy keep)
+    grad_done: dict = field(default_factory=dict)  # unit -> event: its gradient left the GPU
+    grad_out: list = field(default_factory=list)  # gradient w.r.t. the current unit's output, per micro-batch
 
 
 class _DeviceUnit:
@@ -288,171 +309,185 @@ class StreamingEngine:
         return total, grad_h.view_as(h)
 
     # ---- the step ---------------------------------------------------------------------------------------------
+    def _is_resident(self, u: int) -> bool:
+        """Units that stay on the GPU from forward into backward: the last prefetch window, a tied embedding."""
+        return u >= len(self.units) - self.policy.prefetch_depth or (self.tied and u == 0)
+
+    def _ensure(self, st: _Step, u: int) -> _DeviceUnit:
+        if u not in st.live:
+            st.live[u] = self._fetch(u, st.released.pop(u, None))
+        return st.live[u]
+
     def step(self, tokens: torch.Tensor, total_tokens: int | None = None) -> StepStats:
         """One optimizer step on ``tokens`` [sequences, seq + 1] (inputs and shifted labels)."""
         pol, dev, host = self.policy, self.device, self.host
         n_seq = pol.micro_batch * pol.accumulation
         if tokens.shape != (n_seq, self.seq + 1):
             raise SlideDPError(f"step expects tokens of shape ({n_seq}, {self.seq + 1}), got {tuple(tokens.shape)}")
-        total_tokens = total_tokens or n_seq * self.seq
-        inv_tokens = 1.0 / total_tokens
         self.recorder.begin_step()
         lr = lr_at(self.optim, host.step)
         if self._pending is not None:
             self._submit_all(*self._pending)
             self._pending = None
-        tokens = tokens.to(dev.torch_device)
-        ids = [tokens[i:i + pol.micro_batch, :-1] for i in range(0, n_seq, pol.micro_batch)]
-        labels = [tokens[i:i + pol.micro_batch, 1:] for i in range(0, n_seq, pol.micro_batch)]
-        pos = torch.arange(self.seq, device=dev.torch_device).unsqueeze(0)
-        units, depth, n_units = self.units, pol.prefetch_depth, len(self.units)
-        keep = pol.activation == "keep"
-        resident_from = n_units - depth
-        live: dict[int, _DeviceUnit] = {}
-        released: dict[int, _DeviceUnit] = {}
-        ckpt: dict[int, list] = {}  # unit -> its inputs per micro-batch
-        kept: dict[int, list] = {}  # unit -> (input leaf, output) per micro-batch, activation policy keep
-        grad_done: dict[int, object] = {}
-        norm_sq = torch.zeros((), dtype=torch.float32, device=dev.torch_device)
-        head_u, embed_u = n_units - 1, 0
-        head_grad = torch.zeros(units[head_u].numel, dtype=torch.float32, device=dev.torch_device)
-        embed_grad = torch.zeros(units[embed_u].numel, dtype=torch.float32, device=dev.torch_device) if self.tied \
-            else None
-        with torch.no_grad():
-            pe = self.rotary(torch.empty(1, dtype=self.cdt, device=dev.torch_device), pos)
-        loss_total = torch.zeros((), dtype=torch.float32, device=dev.torch_device)
-        self._cpu_norm_sq = 0.0
-
-        def is_resident(u: int) -> bool:
-            return u >= resident_from or (self.tied and u == embed_u)
-
-        def ensure(u: int) -> _DeviceUnit:
-            if u not in live:
-                live[u] = self._fetch(u, released.pop(u, None))
-            return live[u]
-
-        # ---------------- forward ----------------
+        st = self._new_step(tokens.to(dev.torch_device), 1.0 / (total_tokens or n_seq * self.seq))
+        n_units, depth = len(self.units), pol.prefetch_depth
         for u in range(n_units):
             for v in range(u, min(n_units, u + depth)):
-                ensure(v)
-            du = live[u]
-            dev.wait(dev.compute, du.ready)
-            kind = units[u].kind
-            with self.recorder.span("gpu", "fwd", u, flops=self._sim_units[u].fwd_flops):
-                if kind == "embed":
-                    w = du.params(False)["weight"]
-                    ckpt[u + 1] = [F.embedding(i, w) for i in ids]
-                elif kind == "layer":
-                    xs = ckpt[u]
-                    if keep:
-                        du.leaves = du.params(True)
-                        kept[u] = []
-                        outs = []
-                        for x in xs:
-                            leaf = x.detach().requires_grad_()
-                            with torch.enable_grad():
-                                out = self._layer(du, leaf, pos, pe, du.leaves)
-                            kept[u].append((leaf, out))
-                            outs.append(out.detach())
-                        ckpt[u + 1] = outs
-                    else:
-                        with torch.no_grad():
-                            ckpt[u + 1] = [self._layer(du, x, pos, pe, du.params(False)) for x in xs]
-                else:  # head: loss and its gradients now
-                    p = du.params(True)
-                    w_out = live[embed_u].params(False)["weight"].detach().requires_grad_() if self.tied \
-                        else p["lm_head.weight"]
-                    norm_slot = units[u].params[0]
-                    grads = {"norm": head_grad[norm_slot.offset:norm_slot.offset + norm_slot.numel],
-                             "out": embed_grad if self.tied else head_grad[norm_slot.numel:]}
-                    grad_out = []
-                    for h, lab in zip(ckpt[u], labels, strict=True):
-                        loss, g = self._head_loss(h, lab, p["norm.weight"], w_out, inv_tokens, grads)
-                        loss_total += loss
-                        grad_out.append(g)
-            if pol.activation == "offload" and kind == "layer" and not is_resident(u):
-                ckpt[u] = self._offload(u, ckpt[u])
-            if kind == "head":
-                self._send_grads(head_u, head_grad, norm_sq, grad_done)
-                del head_grad
-            if not is_resident(u):
-                self._release(live.pop(u))
-                if du.leaves is not None:  # its kept graphs will want the same tensors back
-                    released[u] = du
-
-        # ---------------- backward ----------------
-        for u in range(n_units - 2, -1, -1):
+                self._ensure(st, v)
+            self._forward_unit(st, u)
+        for u in range(n_units - 2, -1, -1):  # the head's backward ran with its loss
             for v in range(u, max(-1, u - depth), -1):
-                ensure(v)
-            du = live[u]
-            reload_ev = None
-            if pol.activation == "offload" and units[u].kind == "layer" and not is_resident(u):
-                ckpt[u], reload_ev = self._reload(u, ckpt[u])
-            dev.wait(dev.compute, du.ready)
-            dev.wait(dev.compute, reload_ev)
-            dev.wait(dev.compute, grad_done.get(u + depth))  # bounded number of gradients in flight
-            kind = units[u].kind
-            with self.recorder.span("gpu", "bwd", u, flops=self._sim_units[u].bwd_flops):
-                if kind == "layer":
-                    gflat = torch.zeros(units[u].numel, dtype=torch.float32, device=dev.torch_device)
-                    new_grad_out = []
-                    params = du.leaves if keep else du.params(True)
-                    for mb in range(len(ids)):
-                        with torch.enable_grad():
-                            if keep:
-                                leaf, out = kept[u][mb]
-                            else:
-                                leaf = ckpt[u][mb].detach().requires_grad_()
-                                out = self._layer(du, leaf, pos, pe, params)
-                            res = torch.autograd.grad(out, [leaf, *params.values()], grad_out[mb])
-                        new_grad_out.append(res[0])
-                        for slot, g in zip(du.layout.params, res[1:], strict=True):
-                            gflat[slot.offset:slot.offset + slot.numel].add_(g.reshape(-1))
-                    grad_out = new_grad_out
-                    kept.pop(u, None)
-                    ckpt.pop(u, None)
-                else:  # embedding: scatter-add the input gradients into the rows that were looked up
-                    gflat = embed_grad if self.tied else torch.zeros(units[u].numel, dtype=torch.float32,
-                                                                    device=dev.torch_device)
-                    table = gflat.view(units[u].params[0].shape)
-                    for i, g in zip(ids, grad_out, strict=True):
-                        table.index_add_(0, i.reshape(-1), g.reshape(-1, g.shape[-1]).float())
-            self._send_grads(u, gflat, norm_sq, grad_done)
-            del gflat
-            if u in live:
-                self._release(live.pop(u))
-            released.pop(u, None)
-        for du in list(live.values()):
+                self._ensure(st, v)
+            self._backward_unit(st, u)
+        for du in list(st.live.values()):
             self._release(du)
-        live.clear()
+        st.live.clear()
+        loss, norm, skipped = self._finish(st, lr)
+        return StepStats(loss, norm, lr, skipped, n_seq * self.seq, self.recorder.end_step())
 
-        # ---------------- update ----------------
-        if self.comm.active and pol.grad_route == "per_rank":  # owners hold the norms of the summed chunks
-            norm_sq = self.comm.all_reduce_(torch.tensor(self._cpu_norm_sq, dtype=torch.float64))
+    def _new_step(self, tokens: torch.Tensor, inv_tokens: float) -> _Step:
+        pol, device = self.policy, self.device.torch_device
+        mb, n_seq = pol.micro_batch, tokens.shape[0]
+        pos = torch.arange(self.seq, device=device).unsqueeze(0)
+        with torch.no_grad():
+            pe = self.rotary(torch.empty(1, dtype=self.cdt, device=device), pos)
+        zeros = lambda n: torch.zeros(n, dtype=torch.float32, device=device)  # noqa: E731
+        self._cpu_norm_sq = 0.0
+        return _Step(ids=[tokens[i:i + mb, :-1] for i in range(0, n_seq, mb)],
+                     labels=[tokens[i:i + mb, 1:] for i in range(0, n_seq, mb)], pos=pos, pe=pe,
+                     inv_tokens=inv_tokens, norm_sq=zeros(()), loss_total=zeros(()),
+                     head_grad=zeros(self.units[-1].numel),
+                     embed_grad=zeros(self.units[0].numel) if self.tied else None)
+
+    # ---- forward ----------------------------------------------------------------------------------------------
+    def _forward_unit(self, st: _Step, u: int) -> None:
+        du, kind = st.live[u], self.units[u].kind
+        self.device.wait(self.device.compute, du.ready)
+        with self.recorder.span("gpu", "fwd", u, flops=self._sim_units[u].fwd_flops):
+            if kind == "embed":
+                w = du.params(False)["weight"]
+                st.ckpt[u + 1] = [F.embedding(i, w) for i in st.ids]
+            elif kind == "layer":
+                st.ckpt[u + 1] = self._layer_forward(st, u, du)
+            else:
+                self._head_forward(st, u, du)
+        if self.policy.activation == "offload" and kind == "layer" and not self._is_resident(u):
+            st.ckpt[u] = self._offload(u, st.ckpt[u])
+        if kind == "head":
+            self._send_grads(u, st.head_grad, st.norm_sq, st.grad_done)
+            st.head_grad = None
+        if not self._is_resident(u):
+            self._release(st.live.pop(u))
+            if du.leaves is not None:  # its kept graphs will want the same tensors back
+                st.released[u] = du
+
+    def _layer_forward(self, st: _Step, u: int, du: _DeviceUnit) -> list[torch.Tensor]:
+        if self.policy.activation != "keep":
+            with torch.no_grad():
+                return [self._layer(du, x, st.pos, st.pe, du.params(False)) for x in st.ckpt[u]]
+        du.leaves = du.params(True)
+        st.kept[u], outs = [], []
+        for x in st.ckpt[u]:
+            leaf = x.detach().requires_grad_()
+            with torch.enable_grad():
+                out = self._layer(du, leaf, st.pos, st.pe, du.leaves)
+            st.kept[u].append((leaf, out))
+            outs.append(out.detach())
+        return outs
+
+    def _head_forward(self, st: _Step, u: int, du: _DeviceUnit) -> None:
+        """Loss and the head's own gradients now: the head is first in backward, so it is fetched once."""
+        p = du.params(True)
+        w_out = st.live[0].params(False)["weight"].detach().requires_grad_() if self.tied else p["lm_head.weight"]
+        norm_slot = self.units[u].params[0]
+        grads = {"norm": st.head_grad[norm_slot.offset:norm_slot.offset + norm_slot.numel],
+                 "out": st.embed_grad if self.tied else st.head_grad[norm_slot.numel:]}
+        st.grad_out = []
+        for h, lab in zip(st.ckpt[u], st.labels, strict=True):
+            loss, g = self._head_loss(h, lab, p["norm.weight"], w_out, st.inv_tokens, grads)
+            st.loss_total += loss
+            st.grad_out.append(g)
+
+    # ---- backward ---------------------------------------------------------------------------------------------
+    def _backward_unit(self, st: _Step, u: int) -> None:
+        dev, unit = self.device, self.units[u]
+        du = st.live[u]
+        reload_ev = None
+        if self.policy.activation == "offload" and unit.kind == "layer" and not self._is_resident(u):
+            st.ckpt[u], reload_ev = self._reload(u, st.ckpt[u])
+        dev.wait(dev.compute, du.ready)
+        dev.wait(dev.compute, reload_ev)
+        dev.wait(dev.compute, st.grad_done.get(u + self.policy.prefetch_depth))  # bounded gradients in flight
+        with self.recorder.span("gpu", "bwd", u, flops=self._sim_units[u].bwd_flops):
+            gflat = self._layer_backward(st, u, du) if unit.kind == "layer" else self._embed_backward(st, u)
+        self._send_grads(u, gflat, st.norm_sq, st.grad_done)
+        del gflat
+        if u in st.live:
+            self._release(st.live.pop(u))
+        st.released.pop(u, None)
+
+    def _layer_backward(self, st: _Step, u: int, du: _DeviceUnit) -> torch.Tensor:
+        """Recompute (or replay the kept graph) per micro-batch; fp32 parameter gradients summed over them."""
+        keep = self.policy.activation == "keep"
+        gflat = torch.zeros(self.units[u].numel, dtype=torch.float32, device=self.device.torch_device)
+        params = du.leaves if keep else du.params(True)
+        new_grad_out = []
+        for mb in range(len(st.ids)):
+            with torch.enable_grad():
+                if keep:
+                    leaf, out = st.kept[u][mb]
+                else:
+                    leaf = st.ckpt[u][mb].detach().requires_grad_()
+                    out = self._layer(du, leaf, st.pos, st.pe, params)
+                res = torch.autograd.grad(out, [leaf, *params.values()], st.grad_out[mb])
+            new_grad_out.append(res[0])
+            for slot, g in zip(du.layout.params, res[1:], strict=True):
+                gflat[slot.offset:slot.offset + slot.numel].add_(g.reshape(-1))
+        st.grad_out = new_grad_out
+        st.kept.pop(u, None)
+        st.ckpt.pop(u, None)
+        return gflat
+
+    def _embed_backward(self, st: _Step, u: int) -> torch.Tensor:
+        """Scatter-add the input gradients into the rows that were looked up (plus the tied head's part)."""
+        unit = self.units[u]
+        gflat = st.embed_grad if self.tied else torch.zeros(unit.numel, dtype=torch.float32,
+                                                            device=self.device.torch_device)
+        table = gflat.view(unit.params[0].shape)
+        for i, g in zip(st.ids, st.grad_out, strict=True):
+            table.index_add_(0, i.reshape(-1), g.reshape(-1, g.shape[-1]).float())
+        return gflat
+
+    # ---- update -------------------------------------------------------------------------------------------------
+    def _finish(self, st: _Step, lr: float) -> tuple[float, float, bool]:
+        """Global norm and loss; then skip (non-finite) or schedule this step's updates by the policy."""
+        pol, host, comm = self.policy, self.host, self.comm
+        norm_sq = st.norm_sq
+        if comm.active and pol.grad_route == "per_rank":  # owners hold the norms of the summed chunks
+            norm_sq = comm.all_reduce_(torch.tensor(self._cpu_norm_sq, dtype=torch.float64))
         norm = math.sqrt(float(norm_sq.item()))
-        loss_value = float(self.comm.all_reduce_(loss_total.to(torch.float64).cpu()).item())
+        loss = float(comm.all_reduce_(st.loss_total.to(torch.float64).cpu()).item())
         skipped = not math.isfinite(norm)
         if skipped:
             self.worker.wait_all()
-            for u in range(n_units):  # the slots hold this step's gradients: restore the weights
+            for u in range(len(self.units)):  # the slots hold this step's gradients: restore the weights
                 for c in range(len(self._chunks(u))):
                     owned = self._owned_range(u, c)
                     if owned is not None:
                         host.staging[owned[0]:owned[1]].copy_(host.master[owned[0]:owned[1]])
-            self.comm.barrier()
+            comm.barrier()
+            return loss, norm, True
+        host.step += 1
+        coef = clip_coefficient(self.optim, norm)
+        if pol.update_schedule == "next_forward":
+            self._pending = (lr, coef, host.step)
+        elif pol.update_schedule == "after_backward":
+            self.device.synchronize()
+            self._submit_all(lr, coef, host.step)
+            self.worker.wait_all()
         else:
-            host.step += 1
-            coef = clip_coefficient(self.optim, norm)
-            if pol.update_schedule == "next_forward":
-                self._pending = (lr, coef, host.step)
-            elif pol.update_schedule == "after_backward":
-                dev.synchronize()
-                self._submit_all(lr, coef, host.step)
-                self.worker.wait_all()
-            else:
-                self.worker.wait_all()
-        trace = self.recorder.end_step()
-        return StepStats(loss_value, norm, lr, skipped, n_seq * self.seq, trace)
+            self.worker.wait_all()
+        return loss, norm, False
 
     def _send_grads(self, u: int, gflat: torch.Tensor, norm_sq: torch.Tensor, grad_done: dict) -> None:
         """Reduce over ranks by the gradient route, add to the squared norm, and copy the gradient chunk by
