@@ -33,7 +33,7 @@ from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig, adamw_chunk_, clip_coefficient, lr_at
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.runtime.updates import UpdateWorker
-from slidedp.workload import ADAM_HOST_BYTES_BASE, CAST_HOST_BYTES, build_units
+from slidedp.workload import ADAM_HOST_BYTES_BASE, CAST_HOST_BYTES, build_units, resident_in_backward
 
 FUSED_ADAM_HOST_BYTES = 28  # read p, m, v (12) + bf16 grad (2); write p, m, v (12) + bf16 weights (2)
 
@@ -127,17 +127,19 @@ class StreamingEngine:
         self.poison_next_gradient = False  # fault injection: make the next unit's gradient NaN
         self.nonfinite_chunks = 0  # as_ready only: chunks whose update was skipped for a non-finite gradient
         self._ckpt_pool: dict[tuple[int, int], torch.Tensor] = {}
-        largest_chunk = max(b - a for u in range(len(self.units)) for a, b in self._chunks(u))
+        self._unit_chunks = [chunk_ranges(u.numel, policy.chunks_per_layer) for u in self.units]
+        largest_chunk = max(b - a for chunks in self._unit_chunks for a, b in chunks)
         self._chunk_base = [0]
-        for u in range(len(self.units) - 1):
-            self._chunk_base.append(self._chunk_base[-1] + len(self._chunks(u)))
+        for chunks in self._unit_chunks[:-1]:
+            self._chunk_base.append(self._chunk_base[-1] + len(chunks))
         self._scratch = torch.empty(largest_chunk, dtype=torch.float32)  # the optimizer worker's fp32 gradient
         self._sim_units = build_units(spec, _dummy_gpu(), policy.activation, policy.micro_batch, policy.accumulation,
                                       seq)
+        self._resident = resident_in_backward(self._sim_units, policy.prefetch_depth)
 
     # ---- CPU updates ----------------------------------------------------------------------------------------
     def _chunks(self, u: int) -> list[tuple[int, int]]:
-        return chunk_ranges(self.units[u].numel, self.policy.chunks_per_layer)
+        return self._unit_chunks[u]
 
     def _owners(self, u: int, c: int) -> list[int]:
         """Ranks that update chunk ``c`` of unit ``u``: every rank its shard (reduce-scatter), or one owner."""
@@ -310,8 +312,8 @@ class StreamingEngine:
 
     # ---- the step ---------------------------------------------------------------------------------------------
     def _is_resident(self, u: int) -> bool:
-        """Units that stay on the GPU from forward into backward: the last prefetch window, a tied embedding."""
-        return u >= len(self.units) - self.policy.prefetch_depth or (self.tied and u == 0)
+        """Units that stay on the GPU from forward into backward (the rule the simulator's schedule uses)."""
+        return self._resident[u]
 
     def _ensure(self, st: _Step, u: int) -> _DeviceUnit:
         if u not in st.live:

@@ -129,6 +129,13 @@ def build_units(m: ModelSpec, gpu: GPUSpec, activation: str, micro_batch: int, a
 
 
 
+def resident_in_backward(units: tuple[Unit, ...], prefetch_depth: int) -> tuple[bool, ...]:
+    """Per unit, whether it is still on the GPU when backward starts (the last prefetch window, or pinned),
+    so its backward needs no re-fetch: the simulator's schedule and the runtime both follow this."""
+    first = len(units) - prefetch_depth
+    return tuple(u >= first or unit.pinned for u, unit in enumerate(units))
+
+
 class StepWorkload:
     """Model x hardware x policy x (seq, global batch): every quantity one step moves or computes."""
 
@@ -173,8 +180,7 @@ class StepWorkload:
 
     @cached_property
     def _resident(self) -> tuple[bool, ...]:
-        first = len(self.units) - self.policy.prefetch_depth
-        return tuple(u >= first or unit.pinned for u, unit in enumerate(self.units))
+        return resident_in_backward(self.units, self.policy.prefetch_depth)
 
     def resident_in_backward(self, u: int) -> bool:
         """The last ``prefetch_depth`` units of the forward are still on the GPU when backward starts."""
