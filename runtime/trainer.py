@@ -34,6 +34,7 @@ from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.tracing import TraceRecorder
+from slidedp.sim import simulate
 from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -172,11 +173,12 @@ class Trainer:
                 times, last = self._loop(engine, host, device, start_step, csv.writer(metrics), metrics, fresh, comm)
             if s.export_hf and comm.rank == 0:
                 host.export_hf(adapter, Path(s.export_hf))
-            summary = self._summary(last, times, device, host)
+            exposure = exposure_from_trace(last.trace)
+            summary = self._summary(last, times, device, host, exposure)
             if comm.active:
                 last.trace.to_parquet(s.out / f"trace_rank{comm.rank}.parquet", index=False)
             if comm.rank == 0:
-                write_run_dir(s.out, last.trace, exposure_from_trace(last.trace), summary, s.policy, s.hardware)
+                write_run_dir(s.out, last.trace, exposure, summary, s.policy, s.hardware)
             comm.barrier()
         finally:
             engine.close()
@@ -288,14 +290,11 @@ class Trainer:
                                                      "world": comm.world})
         comm.barrier()
 
-    def _summary(self, last: StepStats, times: list[float], device: Device, host: HostState) -> dict:
+    def _summary(self, last: StepStats, times: list[float], device: Device, host: HostState, exposure) -> dict:
         s = self.spec
         steady = times[1:] if len(times) > 1 else times
         step_time = statistics.median(steady)
-        exposure = exposure_from_trace(last.trace)
         mean = exposure.drop(columns="rank").mean()
-        from slidedp.sim import simulate
-
         predicted = simulate(self.workload).step_time_s
         return {
             "model": self.model_spec.name, "model_spec": self.model_spec.to_dict(), "hardware": s.hardware.name,
