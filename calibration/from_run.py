@@ -21,9 +21,7 @@ from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.report.rundir import load_run
 from slidedp.sim import simulate
-from slidedp.workload import ADAM_HOST_BYTES_BASE, StepWorkload, build_units
-
-FUSED_ADAM_BYTES = 28  # the runtime's one-pass kernel (see slidedp.runtime.engine)
+from slidedp.workload import ADAM_HOST_BYTES_BASE, FUSED_ADAM_HOST_BYTES, StepWorkload, build_units
 
 
 @dataclass
@@ -105,15 +103,14 @@ def refit_profile(base: HardwareProfile, records: list[RunRecord]) -> tuple[Hard
     adam = trace[trace.op == "adam"]
     if not adam.empty:
         fused = not (trace.op == "cast").any()
-        per_param = FUSED_ADAM_BYTES if fused else ADAM_HOST_BYTES_BASE + records[0].policy.grad_bytes
+        per_param = FUSED_ADAM_HOST_BYTES if fused else ADAM_HOST_BYTES_BASE + records[0].policy.grad_bytes
         params = float(adam.bytes.sum()) / per_param
         rate = params / float((adam.end_s - adam.start_s).sum()) / 1e9
         threads = records[0].workload(base).adam_threads
         old = host.adam_rate(threads) / 1e9
         scale = float(rate / old)
         host = replace(host, adam_gparams_per_s={k: v * scale for k, v in host.adam_gparams_per_s.items()})
-        if fused:  # the cast happens inside the update: make the separate cast pass free
-            host = replace(host, cast_gelems_per_s={k: 1e3 for k in host.cast_gelems_per_s})
+        host = replace(host, fused_cast=fused)  # the kernel writes the bf16 copy: no separate cast pass
         report["adam_gparams_per_s"] = {"value": rate, "threads": threads, "scaled_curve_by": scale, "fused": fused}
     gpu, report_compute = _refit_compute(gpu, records)
     report.update(report_compute)

@@ -33,9 +33,13 @@ from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig, adamw_chunk_, clip_coefficient, lr_at
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.runtime.updates import UpdateWorker
-from slidedp.workload import ADAM_HOST_BYTES_BASE, CAST_HOST_BYTES, build_units, resident_in_backward
-
-FUSED_ADAM_HOST_BYTES = 28  # read p, m, v (12) + bf16 grad (2); write p, m, v (12) + bf16 weights (2)
+from slidedp.workload import (
+    ADAM_HOST_BYTES_BASE,
+    CAST_HOST_BYTES,
+    FUSED_ADAM_HOST_BYTES,
+    build_units,
+    resident_in_backward,
+)
 
 
 def chunk_ranges(n: int, chunks: int) -> list[tuple[int, int]]:

@@ -64,6 +64,10 @@ class GPUSpec:
     half_efficiency_tokens: float  # tokens per kernel at which the linears reach half their rate
     layer_overhead_us: float  # fixed launch/elementwise cost per layer per pass
     reserve_gib: float = 2.0  # CUDA context, allocator slack, NCCL buffers
+    # Backward time over forward time, per kind of work: the textbook 2x holds for large GEMMs, while
+    # flash-attention's backward recomputes the softmax and runs nearer 2.5x (fitted by slidedp calibrate).
+    backward_linear_ratio: float = 2.0
+    backward_attention_ratio: float = 2.0
 
     def __post_init__(self) -> None:
         _positive("gpu", memory_gib=self.memory_gib, h2d_gbps=self.h2d_gbps, d2h_gbps=self.d2h_gbps,
@@ -73,6 +77,8 @@ class GPUSpec:
             raise SlideDPError("gpu: latencies, overheads and half_efficiency_tokens must be >= 0")
         if self.reserve_gib < 0 or self.reserve_gib >= self.memory_gib:
             raise SlideDPError("gpu.reserve_gib must be >= 0 and below memory_gib")
+        _positive("gpu", backward_linear_ratio=self.backward_linear_ratio,
+                  backward_attention_ratio=self.backward_attention_ratio)
 
     def linear_time(self, flops: float, tokens: float) -> float:
         efficiency = tokens / (tokens + self.half_efficiency_tokens) if tokens > 0 else 1.0
@@ -92,6 +98,9 @@ class HostSpec:
     adam_gparams_per_s: dict[int, float]  # fused CPU AdamW step rate vs threads
     cast_gelems_per_s: dict[int, float]  # fp32 -> bf16 cast rate vs threads
     stream_gbps: dict[int, float]  # DRAM traffic one streaming CPU pass (e.g. gradient sum) reaches
+    # The optimizer kernel writes the bf16 copy for the next H2D in the same pass (SlideDP's one-pass
+    # kernel): no separate cast pass, and the Adam rate above already includes that write.
+    fused_cast: bool = False
 
     def __post_init__(self) -> None:
         if self.cores <= 0:

@@ -72,7 +72,7 @@ class _Builder:
     # ---- CPU optimizer jobs ---------------------------------------------------------------------------
     def update_chunk(self, u: int, c: int, deps_of_rank) -> None:
         w, plan = self.w, self.plan
-        casts = []
+        finished = []
         for rank, params in w.update_owners(u, c):
             deps = list(deps_of_rank(rank))
             stream = f"cpu[{rank}]"
@@ -83,12 +83,14 @@ class _Builder:
                          cap=w.cpu_reduce_cap(), **common)
                 deps = []
             hb = w.adam_host_bytes(params)
-            plan.add(op="adam", amount=hb, host_bytes=hb, deps=deps, usage={"hostmem": 1.0},
-                     cap=w.adam_cap(), **common)
+            last = plan.add(op="adam", amount=hb, host_bytes=hb, deps=deps, usage={"hostmem": 1.0},
+                            cap=w.adam_cap(), **common)
             hb = w.cast_host_bytes(params)
-            casts.append(plan.add(op="cast", amount=hb, host_bytes=hb, deps=[], usage={"hostmem": 1.0},
-                                  cap=w.cast_cap(), **common))
-        self.updated[(u, c)] = casts
+            if hb > 0:  # a separate cast pass, unless the optimizer kernel writes the bf16 copy itself
+                last = plan.add(op="cast", amount=hb, host_bytes=hb, deps=[], usage={"hostmem": 1.0},
+                                cap=w.cast_cap(), **common)
+            finished.append(last)
+        self.updated[(u, c)] = finished
 
     def updates_in_forward_order(self, deps_of_rank) -> None:
         for u in range(self.u_count):

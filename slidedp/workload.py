@@ -17,6 +17,8 @@ from slidedp.policy import Policy
 # DRAM bytes per parameter of the CPU passes (fp32 master, m and v are 4 bytes each).
 ADAM_HOST_BYTES_BASE = 24  # read p, m, v + write p, m, v; the gradient read is added per dtype
 CAST_HOST_BYTES = 6  # read fp32 master, write bf16 copy for the next step's H2D
+# The one-pass kernel: read p, m, v + bf16 grad, write p, m, v + bf16 weights.
+FUSED_ADAM_HOST_BYTES = ADAM_HOST_BYTES_BASE + 2 + 2
 
 # Trace op names, grouped by the resource category exposure is attributed to.
 OP_CATEGORY: dict[str, str] = {
@@ -104,14 +106,15 @@ def build_units(m: ModelSpec, gpu: GPUSpec, activation: str, micro_batch: int, a
     attn = m.layer_attention_flops_per_token(seq) * mb_tokens
     layer_fwd_s = gpu.linear_time(lin, mb_tokens) + gpu.attention_time(attn) + overhead
     layer_fwd_flops = (lin + attn) * accum
-    bwd_pass_s = 2 * (gpu.linear_time(lin, mb_tokens) + gpu.attention_time(attn)) + overhead
+    bwd_pass_s = (gpu.backward_linear_ratio * gpu.linear_time(lin, mb_tokens)
+                  + gpu.backward_attention_ratio * gpu.attention_time(attn) + overhead)
     layer_bwd_s = (bwd_pass_s + (layer_fwd_s if recompute else 0.0)) * accum
     layer_bwd_flops = (2 + (1 if recompute else 0)) * (lin + attn) * accum
     ckpt = (m.checkpoint_bytes_per_token() * tokens_per_rank) if activation == "offload" else 0.0
 
     head_lin = m.head_flops_per_token() * mb_tokens
     head_fwd_s = gpu.linear_time(head_lin, mb_tokens) + overhead
-    head_bwd_s = (2 * gpu.linear_time(head_lin, mb_tokens) + overhead + head_fwd_s) * accum
+    head_bwd_s = (gpu.backward_linear_ratio * gpu.linear_time(head_lin, mb_tokens) + overhead + head_fwd_s) * accum
 
     units = [Unit(0, "embed", "embed", m.embedding_params, 0.0, overhead * accum, 0.0, overhead * accum, 0.0)]
     for i in range(m.layers):
@@ -243,18 +246,24 @@ class StepWorkload:
         """Read N gradient copies and write their sum."""
         return (self.ranks + 1) * self.policy.grad_bytes * params
 
+    @cached_property
+    def adam_bytes_per_param(self) -> float:
+        fused_write = BF16_BYTES if self.hw.host.fused_cast else 0  # FUSED_ADAM_HOST_BYTES with bf16 grads
+        return ADAM_HOST_BYTES_BASE + self.policy.grad_bytes + fused_write
+
     def adam_host_bytes(self, params: float) -> float:
-        return (ADAM_HOST_BYTES_BASE + self.policy.grad_bytes) * params
+        return self.adam_bytes_per_param * params
 
     def cast_host_bytes(self, params: float) -> float:
-        return CAST_HOST_BYTES * params
+        """Zero when the optimizer kernel writes the bf16 copy itself (``HostSpec.fused_cast``)."""
+        return 0.0 if self.hw.host.fused_cast else CAST_HOST_BYTES * params
 
     # CPU passes are flows over DRAM capped by the worker's compute rate, expressed in DRAM bytes/s.
     def cpu_reduce_cap(self) -> float:
         return self.hw.host.stream_rate(self.adam_threads)
 
     def adam_cap(self) -> float:
-        return self.hw.host.adam_rate(self.adam_threads) * (ADAM_HOST_BYTES_BASE + self.policy.grad_bytes)
+        return self.hw.host.adam_rate(self.adam_threads) * self.adam_bytes_per_param
 
     def cast_cap(self) -> float:
         return self.hw.host.cast_rate(self.adam_threads) * CAST_HOST_BYTES

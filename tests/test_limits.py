@@ -55,6 +55,16 @@ def test_host_memory_bound(grad_dtype, grad_bytes):
     _check(w, host_bytes / (20 * GB))
 
 
+def test_host_memory_bound_with_the_fused_cast_kernel():
+    """The one-pass kernel writes the bf16 copy itself: 28 B/param for AdamW and no separate cast pass."""
+    model = tiny_model()
+    hw = with_host(free_machine(), mem_bw_gbps=20.0, fused_cast=True)
+    w = StepWorkload(model, hw, Policy(), SEQ, 1)
+    total, fetched = _params(model)
+    _check(w, (2 * fetched + 2 * total + 28 * total) / (20 * GB))
+    assert "cast" not in set(simulate(w).trace.op)
+
+
 def test_cpu_adam_bound():
     model = tiny_model()
     hw = with_host(free_machine(), adam_gparams_per_s={1: 0.5})
@@ -72,6 +82,19 @@ def test_compute_bound():
     # fwd + (recompute + 2x bwd) per layer; the chunked loss recomputes the head's forward too.
     flops = 4 * tokens * (model.layers * layer + model.head_flops_per_token())
     _check(w, flops / 100e12)
+
+
+def test_compute_bound_with_fitted_backward_ratios():
+    model = tiny_model()
+    hw = with_gpu(free_machine(), matmul_tflops=100.0, attention_tflops=50.0, backward_linear_ratio=2.2,
+                  backward_attention_ratio=2.5)
+    w = StepWorkload(model, hw, Policy(activation="recompute"), SEQ, 1)
+    lin = model.layer_linear_flops_per_token() * SEQ
+    att = model.layer_attention_flops_per_token(SEQ) * SEQ
+    head = model.head_flops_per_token() * SEQ
+    # Layers: fwd + recompute + backward; head: fwd + recomputed fwd + backward (linears only).
+    layers = model.layers * ((2 + 2.2) * lin / 100e12 + (2 + 2.5) * att / 50e12)
+    _check(w, layers + (2 + 2.2) * head / 100e12)
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
