@@ -73,6 +73,29 @@ def fit_compute(linear_flops, attention_flops, tokens, seconds) -> ComputeFit:
     return ComputeFit(*(float(p) for p in params), _relative_rms(pred, t))
 
 
+@dataclass(frozen=True)
+class BackwardFit:
+    linear_ratio: float
+    attention_ratio: float
+    residual: float
+
+
+def fit_backward_ratios(linear_s, attention_s, backward_s, overhead_s: float) -> BackwardFit:
+    """backward = a x linear forward time + b x attention forward time + overhead, by non-negative least
+    squares weighted to relative error. Without attention variety (one sequence length share) b = a."""
+    lin, att, t = (np.asarray(v, dtype=float) for v in (linear_s, attention_s, backward_s))
+    if len(t) < 2 or np.any(t <= 0):
+        raise SlideDPError("a backward fit needs at least two positive timings")
+    target = np.maximum(t - overhead_s, 1e-12)
+    a = np.stack([lin, att], axis=1) / target[:, None]
+    (ra, rb), _ = nnls(a, np.ones_like(t))
+    if ra <= 0 or rb <= 0:  # attention (or linears) not identifiable: one common ratio
+        common = float(np.sum(target * (lin + att)) / np.sum((lin + att) ** 2))
+        ra = rb = common
+    pred = ra * lin + rb * att + overhead_s
+    return BackwardFit(float(ra), float(rb), _relative_rms(pred, t))
+
+
 def thread_curve(threads, rates) -> dict[int, float]:
     """Measured rate per thread count, made non-decreasing (more threads never predicted slower)."""
     pairs = sorted(zip((int(t) for t in threads), (float(r) for r in rates), strict=True))

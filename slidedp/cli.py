@@ -137,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
     cal.add_argument("--base", default="h200-x1", help="profile whose unmeasured fields are kept (default h200-x1)")
     cal.add_argument("--from-run", nargs="+", metavar="RUN", help="refit from these run directories instead")
-    cal.add_argument("--model", help="time one decoder layer of this model (preset or config.json) vs tokens and "
-                     "sequence length, and fit the GPU compute model")
+    cal.add_argument("--model", nargs="+", help="time one decoder layer (forward and backward) of each model (preset "
+                     "or config.json) vs tokens and sequence length, and fit the GPU compute model to all of them")
     cal.add_argument("--out", default="profile.yaml", help="profile to write (default profile.yaml)")
     cal.set_defaults(func=_command("calibrate", "run_calibrate"))
 

@@ -3,9 +3,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from slidedp.calibration.fits import fit_compute, fit_link, layer_time, thread_curve
+from slidedp.calibration.fits import fit_backward_ratios, fit_compute, fit_link, layer_time, thread_curve
 from slidedp.calibration.from_run import load_record, mape, refit_profile, validate
-from slidedp.calibration.microbench import host_benchmarks, profile_from
+from slidedp.calibration.microbench import Measurements, host_benchmarks, profile_from
 from slidedp.cli import main
 from slidedp.hardware import HardwareProfile, load_hardware
 from slidedp.model_spec import load_model_spec
@@ -37,6 +37,17 @@ def test_compute_fit_predicts_layer_times():
     predicted = layer_time((lin, att, tokens), fit.matmul_tflops, fit.half_efficiency_tokens, fit.attention_tflops,
                            fit.overhead_s)
     assert np.max(np.abs(predicted / truth - 1)) < 0.03 and fit.residual < 0.02
+
+
+def test_backward_fit_recovers_linear_and_attention_ratios():
+    rng = np.random.default_rng(2)
+    lin = np.array([1.0, 2.0, 4.0, 8.0, 2.0, 4.0]) * 1e-3
+    att = np.array([0.1, 0.2, 0.4, 0.8, 2.0, 6.0]) * 1e-3
+    bwd = (2.1 * lin + 2.6 * att + 30e-6) * (1 + rng.normal(0, 0.01, len(lin)))
+    fit = fit_backward_ratios(lin, att, bwd, 30e-6)
+    assert fit.linear_ratio == pytest.approx(2.1, rel=0.05)
+    assert fit.attention_ratio == pytest.approx(2.6, rel=0.1)
+    assert fit.residual < 0.02
 
 
 def test_thread_curve_is_monotone():
@@ -78,7 +89,14 @@ def test_refit_from_runs_lowers_the_prediction_error(tmp_path):
 def test_quick_microbenchmarks_make_a_valid_profile(tmp_path):
     measured = host_benchmarks(quick=True)
     assert measured.stream_gbps and min(measured.adam_gparams_per_s.values()) > 0
+    chunks = measured.report["adam_vs_chunk"]
+    assert {"bf16_grads", "fp32_grads"} == set(chunks)
+    assert all(c["gparams_per_s"] > 0 and c["overhead_us"] >= 0 for c in chunks.values())
     profile, _ = profile_from(load_hardware("h200-x1"), measured)
+    # DRAM carries at least what the AdamW pass moved (28 B/param with the one-pass kernel, 28 with fp32 grads).
+    assert profile.host.mem_bw_gbps >= max(measured.adam_gparams_per_s.values()) * 28 * 0.999
+    assert profile.host.mem_bw_gbps >= max(measured.stream_gbps.values())
+    assert profile.host.fused_cast == measured.adam_fused_cast
     profile.save(tmp_path / "p.yaml")
     assert load_hardware(str(tmp_path / "p.yaml")) == profile
 
@@ -107,8 +125,29 @@ def test_layer_benchmark_fits_the_compute_model_on_this_cpu(tmp_path):
                                       max_position_embeddings=4096)))
     measured = Measurements(stream_gbps={1: 10.0}, adam_gparams_per_s={1: 1.0}, cast_gelems_per_s={1: 1.0})
     layer_benchmarks(measured, str(config), quick=True)
-    assert len(measured.layer[1]) == 4 and all(t > 0 for *_, t in measured.layer[1])
+    assert len(measured.layer) == 4 and all(f > 0 and b > 0 for *_, f, b in measured.layer)
     profile, report = profile_from(load_hardware("h200-x1"), measured)
     assert report["compute"]["residual"] < 0.5
+    # Backward costs more than forward on any device (weight and input gradients).
+    assert profile.gpu.backward_linear_ratio > 1 and report["compute"]["backward_residual"] < 0.5
     assert 1e-4 < profile.gpu.matmul_tflops < 50  # a CPU, not an H200
     assert main(["calibrate", "--quick", "--model", str(config), "--out", str(tmp_path / "p.yaml")]) == 0
+
+
+def test_multi_gpu_measurements_set_the_link_and_a_shared_uplink():
+    """Collective timings fit the link; 4 GPUs copying at once below 4x one GPU become one shared uplink."""
+    base = load_hardware("h100-sxm-x4")
+    sizes = [2**20, 2**22, 2**24, 2**26]
+    m = Measurements(stream_gbps={1: 10.0}, adam_gparams_per_s={1: 1.0}, cast_gelems_per_s={1: 1.0},
+                     collectives={"allgather": {s: 15e-6 + s / 150e9 for s in sizes},
+                                  "reduce_scatter": {s: 20e-6 + s / 120e9 for s in sizes}},
+                     concurrent_h2d_gbps={(1, 1): 50.0, (1, 2): 51.0, (2, 1): 100.0, (4, 1): 120.0})
+    profile, report = profile_from(base, m)
+    assert profile.link.bw_gbps == pytest.approx(120.0, rel=0.01)  # the slower collective bounds the link
+    assert profile.link.latency_us == pytest.approx(20.0, rel=0.05)
+    assert profile.switches and profile.switches[0].uplink_gbps == pytest.approx(120.0)
+    assert set(report["collectives"]) == {"allgather", "reduce_scatter"}
+    one_gpu = Measurements(stream_gbps={1: 10.0}, adam_gparams_per_s={1: 1.0}, cast_gelems_per_s={1: 1.0},
+                           concurrent_h2d_gbps={(1, 1): 50.0, (1, 2): 50.0})
+    profile, _ = profile_from(load_hardware("h200-x1"), one_gpu)
+    assert profile.link == load_hardware("h200-x1").link and not profile.switches

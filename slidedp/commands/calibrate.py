@@ -46,8 +46,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         with progress_callback("micro-benchmarks") as progress:
             measured = host_benchmarks(args.quick, progress)
             gpu_benchmarks(measured, args.quick)
-            if args.model:
-                layer_benchmarks(measured, args.model, args.quick, progress)
+            for model in args.model or []:
+                layer_benchmarks(measured, model, args.quick, progress)
         profile, report = profile_from(base, measured)
     for key, value in report.items():
         console.print(f"  {key}: {value}")
