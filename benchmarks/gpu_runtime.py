@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from streaming_measure import BENCH_OPTIM, StreamingModel, measure_policy, synthetic_tokens
 
-from slidedp.exposure import exposure_from_trace, limiter
 from slidedp.hardware import GIB, load_hardware
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
@@ -33,10 +33,7 @@ from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.tracing import TraceRecorder
-from slidedp.runtime.trainer import rss_bytes
-from slidedp.sim import simulate
 from slidedp.tune import tune
-from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload
 
 
 class ResidentEngine(StreamingEngine):
@@ -132,48 +129,20 @@ def cpu_update_bench(results, params: int = 400_000_000) -> None:
 
 
 def run_model(model: str, seq: int, batches: list[int], steps: int, out: Path, results, traces: list) -> None:
-    device = Device("cuda")
-    cfg = load_hf_config(model)
-    adapter = ModelAdapter(cfg)
-    spec = ModelSpec.from_hf_config(cfg.to_dict(), model)
+    sm = StreamingModel.open(model, Device("cuda"), log)
     hw = load_hardware("h200-x1")
-    t0 = time.perf_counter()
-    host = HostState.allocate(adapter.total_params, torch.bfloat16, torch.bfloat16, pin=True)
-    t_alloc = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    host.init_random(adapter, 0, device.torch_device)
-    t_init = time.perf_counter() - t0
-    log(f"{model}: {adapter.total_params / 1e9:.2f} B params, host state {host.total_bytes() / GIB:.1f} GiB "
-        f"({host.bytes_per_param():.0f} B/param), pinned alloc {t_alloc:.1f} s, init {t_init:.1f} s, "
-        f"RSS {rss_bytes() / GIB:.1f} GiB")
-    optim = OptimConfig(lr=1e-5, max_grad_norm=1.0, total_steps=1000)
     budget = resolve_budget(hw, None, hw.host.memory_gib)
     for batch in batches:
         t0 = time.perf_counter()
-        tuned = tune(spec, hw, seq, batch, budget, refine_top=4)
+        tuned = tune(sm.spec, hw, seq, batch, budget, refine_top=4)
         policy = tuned.best.policy
-        w = StepWorkload(spec, hw, policy, seq, batch)
-        predicted = simulate(w)
-        log(f"  batch {batch}: tuned in {time.perf_counter() - t0:.1f} s -> {policy}; predicted "
-            f"{predicted.step_time_s:.3f} s ({predicted.limiter})")
-        tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(batch))
-        torch.cuda.reset_peak_memory_stats()
-        engine = StreamingEngine(adapter, spec, host, policy, optim, device, TraceRecorder(device), seq,
-                                 torch.bfloat16, adam_threads=w.adam_threads)
-        times, last = [], None
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            last = engine.step(tokens)
-            times.append(time.perf_counter() - t0)
-        engine.flush()
-        engine.close()
-        peak = torch.cuda.max_memory_allocated() / GIB
-        step_time = statistics.median(times[1:])
-        exposure = exposure_from_trace(last.trace).drop(columns="rank").iloc[0].to_dict()
+        log(f"  batch {batch}: tuned in {time.perf_counter() - t0:.1f} s -> {policy}")
+        row, trace = measure_policy(sm, hw, policy, seq, batch, steps)
         torch.cuda.empty_cache()
         # Reference: the same compute with every weight already on the GPU.
-        ref = ResidentEngine(adapter, spec, host, policy, optim, device, TraceRecorder(device, enabled=False), seq,
-                             torch.bfloat16)
+        ref = ResidentEngine(sm.adapter, sm.spec, sm.host, policy, BENCH_OPTIM, sm.device,
+                             TraceRecorder(sm.device, enabled=False), seq, torch.bfloat16)
+        tokens = synthetic_tokens(sm.config.vocab_size, batch, seq, seed=batch * 7919 + seq)
         ref_times = []
         for _ in range(steps):
             t0 = time.perf_counter()
@@ -183,29 +152,20 @@ def run_model(model: str, seq: int, batches: list[int], steps: int, out: Path, r
         del ref
         torch.cuda.empty_cache()
         ref_time = statistics.median(ref_times[1:])
-        row = {
-            "model": model, "seq": seq, "batch": batch, "tokens_per_step": batch * seq, "policy": policy.to_dict(),
-            "step_times_s": times, "step_time_s": step_time, "tokens_per_s": batch * seq / step_time,
-            "model_tflops": w.model_flops_per_step() / step_time / 1e12, "gpu_peak_gib": peak,
-            "predicted_gpu_peak_gib": tuned.best.memory.gpu_peak / GIB, "host_rss_gib": rss_bytes() / GIB,
-            "host_rss_peak_gib": rss_bytes("VmHWM") / GIB, "host_bytes_per_param": host.bytes_per_param(),
-            "exposure_s": exposure, "limiter": limiter(exposure["compute"],
-                                                       {c: exposure[c] for c in EXPOSURE_CATEGORIES}),
-            "predicted_step_time_s": predicted.step_time_s, "predicted_limiter": predicted.limiter,
-            "resident_compute_s": ref_time, "resident_step_times_s": ref_times,
-            "ratio_to_resident": step_time / ref_time, "final_loss": last.loss,
-        }
+        row.update(predicted_gpu_peak_gib=tuned.best.memory.gpu_peak / GIB, resident_compute_s=ref_time,
+                   resident_step_times_s=ref_times, ratio_to_resident=row["step_time_s"] / ref_time)
         results.write(json.dumps(row) + "\n")
         results.flush()
-        trace = last.trace.copy()
+        trace = trace.copy()
         trace.insert(0, "run", f"{model}-b{batch}")
         traces.append(trace)
-        log(f"  batch {batch}: {step_time:.3f} s/step, {row['tokens_per_s']:,.0f} tok/s, {row['model_tflops']:.0f} "
-            f"TFLOP/s, resident {ref_time:.3f} s (x{row['ratio_to_resident']:.3f}), peak {peak:.1f} GiB "
-            f"(pred {row['predicted_gpu_peak_gib']:.1f}), RSS {row['host_rss_gib']:.1f} GiB, limiter {row['limiter']}, "
-            f"exposure {({k: round(v, 3) for k, v in exposure.items()})}")
-    host.close()
-    del host
+        log(f"  batch {batch}: {row['step_time_s']:.3f} s/step, {row['tokens_per_s']:,.0f} tok/s, "
+            f"{row['model_tflops']:.0f} TFLOP/s, resident {ref_time:.3f} s (x{row['ratio_to_resident']:.3f}), "
+            f"peak {row['gpu_peak_gib']:.1f} GiB (pred {row['predicted_gpu_peak_gib']:.1f}), "
+            f"RSS {row['host_rss_gib']:.1f} GiB, limiter {row['limiter']}, predicted "
+            f"{row['predicted_step_time_s']:.3f} s ({row['predicted_limiter']})")
+    sm.close()
+    del sm
     gc.collect()  # the pinned host state must be gone before the next model allocates its own
 
 

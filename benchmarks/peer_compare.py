@@ -1,0 +1,477 @@
+"""SlideDP against what users would pick instead, on one GPU, one model, one batch sweep, in one invocation.
+
+    python benchmarks/peer_compare.py --model qwen3-4b --seq 4096 --batches 1 2 4 8 16 --out DIR
+
+Systems (each in its own process, run one after another so they never share the GPU or host memory):
+  slidedp            this runtime, policy from `slidedp tune` for each batch (profile --profile)
+  fsdp2-offload      PyTorch FSDP2 `fully_shard` with CPUOffloadPolicy + bf16 MixedPrecisionPolicy, torch
+                     AdamW on the CPU (fused kernel where DTensor allows it, foreach otherwise)
+  deepspeed-offload  DeepSpeed ZeRO-2 with offload_optimizer cpu (DeepSpeedCPUAdam), bf16
+  resident           plain GPU-resident training: fp32 weights on the GPU, bf16 autocast, fused AdamW
+
+Every system trains the same transformers model (random init, SDPA attention) with per-layer activation
+checkpointing, the same chunked cross-entropy (4096-token chunks, logits recomputed per chunk in backward,
+so no system materialises the full logits), AdamW (lr 1e-5, betas 0.9/0.95) and global clipping at 1.0.
+Batch = one micro-batch of `batch` sequences. Step time is wall clock around one full optimizer step with
+`torch.cuda.synchronize()` at both ends (the CPU optimizer is part of the step), the median of the steps
+after the first. Model TFLOP/s = `ModelSpec.train_flops_per_token(seq)` x tokens / step time
+(3 x forward FLOPs: 2 x params x tokens for every linear incl. the LM head, plus causal attention; recompute
+not counted). A batch that runs out of GPU memory is recorded as "oom" and larger batches are skipped.
+
+Writes results.jsonl (one row per system x batch, appended as they finish), table.md, peer_compare.png/.svg,
+and slidedp_runs.tar.gz (our runs as run directories for `slidedp validate`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+SYSTEMS = ("slidedp", "fsdp2-offload", "deepspeed-offload", "resident")
+COLORS = {"slidedp": "tab:blue", "fsdp2-offload": "tab:orange", "deepspeed-offload": "tab:green",
+          "resident": "tab:red"}
+LOSS_CHUNK_TOKENS = 4096
+LR, BETAS, EPS, CLIP = 1e-5, (0.9, 0.95), 1e-8, 1.0
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# ---- shared by the peers ---------------------------------------------------------------------------------
+def rss_gib(field: str = "VmRSS") -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return float(line.split()[1]) / 2**20
+    return float("nan")
+
+
+def chunked_lm_loss(hidden, weight, labels, chunk: int = LOSS_CHUNK_TOKENS, dtype=None):
+    """Mean next-token cross-entropy with the logits built one token chunk at a time and recomputed in
+    backward (activation checkpointing per chunk): the peers get the memory saving SlideDP's head has."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    def chunk_loss(h, w, y):
+        return F.cross_entropy(F.linear(h, w).float(), y, reduction="sum")
+
+    dtype = dtype or torch.bfloat16  # the compute dtype of every system compared
+    h = hidden.reshape(-1, hidden.shape[-1]).to(dtype)
+    w = weight.to(dtype)
+    y = labels.reshape(-1)
+    total = None
+    for s in range(0, h.shape[0], chunk):
+        part = checkpoint(chunk_loss, h[s:s + chunk], w, y[s:s + chunk], use_reentrant=False)
+        total = part if total is None else total + part
+    return total / y.numel()
+
+
+def build_lm(model: str, device: str):
+    """The transformers causal LM on the meta device (shapes only), gradient checkpointing on."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from slidedp.runtime.hf_adapter import load_hf_config
+
+    cfg = load_hf_config(model)
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(cfg)
+    lm.config.use_cache = False
+    if hasattr(lm, "activation_checkpointing_enable"):  # transformers >= 5.2x renamed it
+        lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lm.train()  # transformers only checkpoints in training mode
+    return cfg, lm
+
+
+def wrap_with_loss(lm):
+    """A module whose forward returns the loss, so wrappers that hook forward (FSDP2, DeepSpeed) see the
+    embedding, final norm and LM head inside one forward call."""
+    from torch import nn
+
+    class CausalLMWithChunkedLoss(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.lm = inner
+
+        def forward(self, input_ids, labels):
+            hidden = self.lm.model(input_ids=input_ids).last_hidden_state
+            return chunked_lm_loss(hidden, self.lm.lm_head.weight, labels)
+
+    return CausalLMWithChunkedLoss(lm)
+
+
+def materialise_(module, cfg, device: str, seed: int = 0) -> None:
+    """Random init in place as transformers does (normal(0, initializer_range) for matrices, ones for norms),
+    drawn on ``device`` in fp32 and copied into each parameter's (possibly sharded, possibly CPU) storage;
+    the rotary embedding is rebuilt on ``device`` (to_empty leaves its buffer uninitialised)."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    std = float(getattr(cfg, "initializer_range", 0.02))
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if name.endswith("bias"):
+                local.zero_()
+            elif local.dim() == 1:
+                local.fill_(1.0)
+            else:
+                src = torch.empty(local.shape, dtype=torch.float32, device=device).normal_(0.0, std, generator=gen)
+                local.copy_(src)
+    inner = module.lm if hasattr(module, "lm") else module
+    inner.model.rotary_emb = type(inner.model.rotary_emb)(config=cfg).to(device)
+
+
+def time_batches(system: str, model: str, seq: int, batches: list[int], steps: int, vocab: int, step_fn, emit,
+                 device: str, extra: dict | None = None) -> None:
+    """Run ``steps`` steps per batch through ``step_fn(input_ids, labels)``; emit one row per batch."""
+    import torch
+
+    from slidedp.model_spec import load_model_spec
+
+    spec = load_model_spec(model)
+    cuda = device.startswith("cuda")
+    for i, batch in enumerate(batches):
+        tokens = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(batch * 7919 + seq))
+        x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+        row = {"system": system, "model": model, "seq": seq, "batch": batch, "tokens_per_step": batch * seq,
+               **(extra or {})}
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        times, loss = [], float("nan")
+        try:
+            for _ in range(steps):
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                loss = step_fn(x, y)
+                if cuda:
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+        except torch.OutOfMemoryError as exc:
+            row.update(status="oom", error=str(exc).splitlines()[0][:200])
+            emit(row)
+            for later in batches[i + 1:]:
+                emit({**row, "batch": later, "tokens_per_step": later * seq, "status": "skipped (oom at smaller)"})
+            return
+        step = statistics.median(times[1:]) if len(times) > 1 else times[0]
+        row.update(status="ok", step_times_s=times, step_time_s=step, tokens_per_s=batch * seq / step,
+                   model_tflops=spec.train_flops_per_token(seq) * batch * seq / step / 1e12,
+                   gpu_peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
+                   gpu_reserved_gib=torch.cuda.max_memory_reserved() / 2**30 if cuda else float("nan"),
+                   host_rss_gib=rss_gib(), host_rss_peak_gib=rss_gib("VmHWM"), final_loss=float(loss))
+        emit(row)
+
+
+# ---- the systems ----------------------------------------------------------------------------------------
+def run_resident(args, emit) -> None:
+    import torch
+
+    cfg, lm = build_lm(args.model, args.device)
+    module = wrap_with_loss(lm)
+    module.to_empty(device=args.device)
+    materialise_(module, cfg, args.device)
+    cuda = args.device.startswith("cuda")
+    opt = torch.optim.AdamW(module.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0, fused=cuda)
+
+    def step(x, y):
+        with torch.autocast(device_type="cuda" if cuda else "cpu", dtype=torch.bfloat16):
+            loss = module(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    time_batches("resident", args.model, args.seq, args.batches, args.steps, cfg.vocab_size, step, emit,
+                 args.device, {"optimizer": "torch AdamW fused" if cuda else "torch AdamW"})
+
+
+def run_fsdp2_offload(args, emit) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    cuda = args.device.startswith("cuda")
+    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", rank=0, world_size=1,
+                            init_method=f"tcp://127.0.0.1:{args.port}")
+    cfg, lm = build_lm(args.model, args.device)
+    module = wrap_with_loss(lm)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy(pin_memory=cuda)
+    for layer in lm.model.layers:
+        fully_shard(layer, mp_policy=mp, offload_policy=offload)
+    fully_shard(module, mp_policy=mp, offload_policy=offload)
+    module.to_empty(device="cpu")
+    materialise_(module, cfg, args.device)
+    params = list(module.parameters())
+    state = {"opt": torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0, fused=True),
+             "kind": "torch AdamW fused (CPU)"}
+
+    def step(x, y):
+        loss = module(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, CLIP)
+        try:
+            state["opt"].step()
+        except (RuntimeError, NotImplementedError) as exc:  # fused CPU AdamW over DTensors not available
+            log(f"fsdp2-offload: fused AdamW failed ({str(exc).splitlines()[0][:120]}); using foreach")
+            state["opt"] = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0, foreach=True)
+            state["kind"] = "torch AdamW foreach (CPU)"
+            state["opt"].step()
+        state["opt"].zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def emit_kind(row):
+        emit({**row, "optimizer": state["kind"]})
+
+    try:
+        time_batches("fsdp2-offload", args.model, args.seq, args.batches, args.steps, cfg.vocab_size, step, emit_kind,
+                     args.device)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_deepspeed_offload(args, emit) -> None:
+    os.environ.setdefault("DS_ACCELERATOR", "cuda")
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", str(args.port))):
+        os.environ.setdefault(key, value)
+    import deepspeed
+
+    cfg, lm = build_lm(args.model, args.device)
+    module = wrap_with_loss(lm)
+    module.to_empty(device=args.device)
+    materialise_(module, cfg, args.device)
+    config = {
+        "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
+        "bf16": {"enabled": True}, "gradient_clipping": CLIP,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS, "weight_decay": 0.0}},
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                              "overlap_comm": True, "contiguous_gradients": True,
+                              "reduce_bucket_size": 200_000_000, "allgather_bucket_size": 200_000_000},
+    }
+    t0 = time.perf_counter()
+    engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
+    log(f"deepspeed-offload: initialize (incl. CPU Adam JIT build) {time.perf_counter() - t0:.1f} s")
+
+    def step(x, y):
+        loss = engine(x, y)
+        engine.backward(loss)
+        engine.step()
+        return loss.detach()
+
+    time_batches("deepspeed-offload", args.model, args.seq, args.batches, args.steps, cfg.vocab_size, step, emit,
+                 args.device, {"optimizer": "DeepSpeedCPUAdam (ZeRO-2 offload_optimizer cpu)",
+                               "deepspeed": deepspeed.__version__})
+
+
+def run_slidedp(args, emit) -> None:
+    import torch
+    from streaming_measure import StreamingModel, measure_policy, save_run_dir
+
+    from slidedp.hardware import GIB, load_hardware
+    from slidedp.problem import resolve_budget
+    from slidedp.runtime.device import Device
+    from slidedp.tune import tune
+
+    hw = load_hardware(args.profile)
+    budget = resolve_budget(hw, None, hw.host.memory_gib)
+    sm = StreamingModel.open(args.model, Device(args.device), log)
+    runs = Path(args.out) / "slidedp_runs"
+    for i, batch in enumerate(args.batches):
+        tuned = tune(sm.spec, hw, args.seq, batch, budget, refine_top=4)
+        try:
+            row, trace = measure_policy(sm, hw, tuned.best.policy, args.seq, batch, args.steps)
+        except torch.OutOfMemoryError as exc:
+            emit({"system": "slidedp", "model": args.model, "seq": args.seq, "batch": batch, "status": "oom",
+                  "error": str(exc).splitlines()[0][:200]})
+            for later in args.batches[i + 1:]:
+                emit({"system": "slidedp", "model": args.model, "seq": args.seq, "batch": later,
+                      "status": "skipped (oom at smaller)"})
+            break
+        row.update(predicted_gpu_peak_gib=tuned.best.memory.gpu_peak / GIB, optimizer="SlideDP one-pass CPU AdamW")
+        save_run_dir(runs, f"{Path(args.model).stem}-s{args.seq}-b{batch}-tuned", row, trace, sm.spec)
+        emit(row)
+    sm.close()
+
+
+WORKERS = {"slidedp": run_slidedp, "fsdp2-offload": run_fsdp2_offload, "deepspeed-offload": run_deepspeed_offload,
+           "resident": run_resident}
+
+
+# ---- the driver ------------------------------------------------------------------------------------------
+def load_rows(out: Path) -> list[dict]:
+    path = out / "results.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def speedups(rows: list[dict], model: str) -> dict[str, dict]:
+    """SlideDP tokens/s over each peer's, per batch where both ran, and the geometric mean."""
+    ok = {(r["system"], r["batch"]): r for r in rows if r.get("status") == "ok" and r["model"] == model}
+    out = {}
+    for peer in SYSTEMS[1:]:
+        ratios = {b: ok[("slidedp", b)]["tokens_per_s"] / ok[(peer, b)]["tokens_per_s"]
+                  for (s, b) in ok if s == peer and ("slidedp", b) in ok}
+        out[peer] = {"per_batch": dict(sorted(ratios.items())), "geomean": geomean(list(ratios.values()))}
+    return out
+
+
+def _fmt(r: dict, key: str, spec: str) -> str:
+    v = r.get(key)
+    return format(v, spec) if isinstance(v, (int, float)) and not math.isnan(v) else "-"
+
+
+def table_markdown(rows: list[dict]) -> str:
+    lines = ["| model | batch | system | status | step s | tokens/s | model TFLOP/s | GPU peak GiB | host RSS peak GiB "
+             "| simulated s (limiter) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["model"], r["batch"], SYSTEMS.index(r["system"]))):
+        sim = (f"{r['predicted_step_time_s']:.3f} ({r['predicted_limiter']})" if "predicted_step_time_s" in r else "")
+        lines.append(f"| {r['model']} | {r['batch']} | {r['system']} | {r.get('status', '?')} | "
+                     f"{_fmt(r, 'step_time_s', '.3f')} | {_fmt(r, 'tokens_per_s', ',.0f')} | "
+                     f"{_fmt(r, 'model_tflops', '.0f')} | {_fmt(r, 'gpu_peak_gib', '.1f')} | "
+                     f"{_fmt(r, 'host_rss_peak_gib', '.1f')} | {sim} |")
+    for model in sorted({r["model"] for r in rows}):
+        for peer, s in speedups(rows, model).items():
+            if s["per_batch"]:
+                per = ", ".join(f"b{b}: {v:.2f}x" for b, v in s["per_batch"].items())
+                lines.append(f"\n{model}: SlideDP / {peer} tokens/s geometric mean {s['geomean']:.2f}x ({per})")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(1, len(models), figsize=(max(8.5, 6.5 * len(models)), 5.0), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        for system in SYSTEMS:
+            pts = sorted((r["batch"], r["tokens_per_s"]) for r in rows
+                         if r["model"] == model and r["system"] == system and r.get("status") == "ok")
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=system, color=COLORS[system])
+            failed = [r["batch"] for r in rows if r["model"] == model and r["system"] == system
+                      and r.get("status", "ok") != "ok"]
+            if failed:
+                ax.scatter(failed, [ax.get_ylim()[0]] * len(failed), marker="x", color=COLORS[system], s=60)
+        seq = next(r["seq"] for r in rows if r["model"] == model)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch (sequences per step)")
+        ax.set_ylabel("throughput (tokens/s)")
+        ax.set_title(f"{model}, seq {seq} (x: out of GPU memory)")
+        ax.grid(alpha=0.3)
+        ax.legend(title="system")
+    fig.suptitle("Full-parameter training throughput on one H200: SlideDP, offloading peers, GPU-resident")
+    fig.tight_layout()
+    paths = [out / "peer_compare.png", out / "peer_compare.svg"]
+    for p in paths:
+        fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def collate(out: Path, include: list[str] | None = None) -> None:
+    rows = load_rows(out)
+    for path in include or []:  # other invocations' results (e.g. a second model), for one table and figure
+        rows += [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    if not rows:
+        log("no results to collate")
+        return
+    (out / "table.md").write_text(table_markdown(rows))
+    plot(rows, out)
+    runs = out / "slidedp_runs"
+    if runs.is_dir():
+        with tarfile.open(out / "slidedp_runs.tar.gz", "w:gz") as tar:
+            tar.add(runs, arcname="slidedp_runs")
+    log((out / "table.md").read_text())
+
+
+def drive(args) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.jsonl"
+    start = time.perf_counter()
+    for i, system in enumerate(args.systems):
+        cmd = [sys.executable, __file__, "--worker", system, "--model", args.model, "--seq", str(args.seq),
+               "--batches", *map(str, args.batches), "--steps", str(args.steps), "--out", str(out),
+               "--device", args.device, "--profile", args.profile, "--port", str(args.port + i)]
+        log(f"=== {system}: {' '.join(cmd[1:])}")
+        t0 = time.perf_counter()
+        limit = min(args.timeout, args.deadline - (time.perf_counter() - start))
+        try:
+            if limit < 30:
+                raise subprocess.TimeoutExpired(cmd, 0)
+            proc = subprocess.run(cmd, timeout=limit, check=False)
+            status = f"exit {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            status = f"stopped at its time limit ({limit:.0f} s)"
+        log(f"=== {system}: {status} in {time.perf_counter() - t0:.1f} s")
+        done = {(r["system"], r["batch"]) for r in load_rows(out)}
+        with results.open("a") as fh:
+            for batch in args.batches:
+                if (system, batch) not in done:
+                    fh.write(json.dumps({"system": system, "model": args.model, "seq": args.seq, "batch": batch,
+                                         "status": f"not run ({status})"}) + "\n")
+    collate(out)
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen3-4b")
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--steps", type=int, default=3, help="steps per batch; the first is warm-up")
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--profile", default="h200-x1", help="hardware profile the tuner and simulator use")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per system at most")
+    p.add_argument("--deadline", type=float, default=3600, help="seconds for the whole invocation at most")
+    p.add_argument("--port", type=int, default=29611)
+    p.add_argument("--out", default="peer_results")
+    p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
+    p.add_argument("--collate", action="store_true", help="only rebuild table and plot from --out")
+    p.add_argument("--include", nargs="*", help="with --collate: more results.jsonl files to merge in")
+    args = p.parse_args()
+    if args.collate:
+        collate(Path(args.out), args.include)
+        return 0
+    if args.worker is None:
+        return drive(args)
+    results = Path(args.out) / "results.jsonl"
+
+    def emit(row: dict) -> None:
+        with results.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
+                 if k in ("system", "batch", "status", "step_time_s", "tokens_per_s", "model_tflops", "gpu_peak_gib",
+                          "host_rss_peak_gib", "predicted_step_time_s", "limiter", "predicted_limiter", "error")}
+        log(f"  {shown}")
+
+    WORKERS[args.worker](args, emit)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
