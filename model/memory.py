@@ -79,6 +79,10 @@ def estimate_memory(w: StepWorkload) -> MemoryEstimate:
     grad_out = [pol.grad_bytes * u.params if not u.pinned else 0.0 for u in units]
     grads = _window_max(grad_out, depth) + max(accum_bytes * u.params for u in units)
     grads += sum(4 * u.params for u in units if u.pinned)  # tied matrix accumulates head + lookup grads
+    if pol.grad_route == "reduce_scatter" and w.ranks > 1:
+        # The runtime's reduce-scatter output (this rank's fp32 shards of a unit) and one padded chunk input.
+        largest_unit = max(u.params for u in units)
+        grads += 4 * largest_unit / w.ranks + 4 * largest_unit / w.chunks
 
     ckpt = m.checkpoint_bytes_per_token() * w.tokens_per_rank
     working = m.full_activation_bytes_per_token() * w.tokens_per_micro_batch

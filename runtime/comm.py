@@ -1,13 +1,13 @@
 """What the engine needs from torch.distributed, and nothing when there is one rank.
 
 Collectives run on whatever backend the process group has: NCCL between GPUs, gloo on CPU (the tests).
-gloo has no reduce-scatter, so gradient reduction is an all-reduce there and each rank keeps its shard;
-the bytes each rank copies to the host are the same as with a true reduce-scatter.
+The gradient route `reduce_scatter` is a true reduce-scatter ((N-1)/N of the bytes over the links, half of an
+all-reduce's); a backend without one (older gloo) gets an all-reduce and each rank keeps its part.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -18,10 +18,12 @@ def shard_bounds(a: int, b: int, world: int) -> list[int]:
     return [a + (b - a) * r // world for r in range(world + 1)]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Comm:
     rank: int = 0
     world: int = 1
+    # Whether the backend has reduce_scatter_tensor: unknown until the first call tries it.
+    native_reduce_scatter: bool | None = field(default=None, compare=False)
 
     @classmethod
     def from_process_group(cls) -> Comm:
@@ -42,9 +44,23 @@ class Comm:
             dist.all_reduce(t)
         return t
 
-    def reduce_gradient_(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum a gradient over ranks (every rank then holds the sum; each copies only its shard out)."""
-        return self.all_reduce_(t)
+    def reduce_scatter_(self, out: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+        """``out`` = the sum over ranks of this rank's part ``inp[rank * n:(rank + 1) * n]``, n = out.numel().
+        ``inp`` may be overwritten."""
+        n = out.numel()
+        if not self.active:
+            return out.copy_(inp[:n])
+        if self.native_reduce_scatter is not False:
+            try:
+                dist.reduce_scatter_tensor(out, inp)
+                self.native_reduce_scatter = True
+                return out
+            except (RuntimeError, NotImplementedError):
+                if self.native_reduce_scatter:  # it worked before: a real failure, not a missing op
+                    raise
+                self.native_reduce_scatter = False
+        dist.all_reduce(inp)
+        return out.copy_(inp[self.rank * n:(self.rank + 1) * n])
 
     def all_gather_into(self, out: torch.Tensor, mine: torch.Tensor, bounds: list[int]) -> None:
         """Assemble ``out`` (length bounds[-1] - bounds[0]) from each rank's part ``mine`` of it."""

@@ -471,6 +471,8 @@ class StreamingEngine:
         norm_sq = st.norm_sq
         if comm.active and pol.grad_route == "per_rank":  # owners hold the norms of the summed chunks
             norm_sq = comm.all_reduce_(torch.tensor(self._cpu_norm_sq, dtype=torch.float64))
+        elif comm.active:  # each rank holds the norm of its reduced shards
+            norm_sq = comm.all_reduce_(norm_sq)
         norm = math.sqrt(float(norm_sq.item()))
         loss = float(comm.all_reduce_(st.loss_total.to(torch.float64).cpu()).item())
         skipped = not math.isfinite(norm)
@@ -504,26 +506,24 @@ class StreamingEngine:
             self.poison_next_gradient = False
         per_rank = comm.active and self.policy.grad_route == "per_rank"
         if comm.active and not per_rank:
-            esize = 4
-            with self.recorder.span("link", "reduce_scatter", u, nbytes=gflat.numel() * esize * (comm.world - 1)
-                                    / comm.world):
-                comm.reduce_gradient_(gflat)
-        if not per_rank:
-            norm_sq += torch.linalg.vector_norm(gflat).square()
+            with self.recorder.span("link", "reduce_scatter", u, nbytes=gflat.numel() * gflat.element_size()
+                                    * (comm.world - 1) / comm.world):
+                src, pieces = self._reduce_scatter(u, gflat)
+        else:
+            src, pieces = gflat, [(a, a, b) for a, b in self._chunks(u)]
+        if not per_rank:  # this rank's part of the norm (all of it with one rank); summed over ranks in _finish
+            norm_sq += torch.linalg.vector_norm(src).square()
         dest = host.landing[comm.rank] if per_rank else host.grad_buffer
         base = 0 if per_rank else unit.offset
-        send = gflat.to(dest.dtype) if dest.dtype != gflat.dtype else gflat
+        send = src.to(dest.dtype) if dest.dtype != src.dtype else src
         ready = dev.event()
         dev.wait(dev.d2h, ready)
         esize = send.element_size()
         last = None
-        for c, (a, b) in enumerate(self._chunks(u)):
-            if comm.active and not per_rank:  # each rank copies only its shard of the reduced chunk
-                bounds = shard_bounds(a, b, comm.world)
-                a, b = bounds[comm.rank], bounds[comm.rank + 1]
+        for c, (off, a, b) in enumerate(pieces):
             with self.recorder.span("d2h", "d2h_grad", u, c, nbytes=(b - a) * esize, host_bytes=(b - a) * esize,
                                     stream=dev.d2h), dev.on(dev.d2h):
-                dest[base + a:base + b].copy_(send[a:b], non_blocking=True)
+                dest[base + a:base + b].copy_(send[off:off + b - a], non_blocking=True)
             last = dev.event(dev.d2h)
             if self.policy.update_schedule == "as_ready" and not per_rank:
                 self.worker.submit((u, c), (lr_at(self.optim, host.step), 1.0, host.step + 1), last)
@@ -531,6 +531,27 @@ class StreamingEngine:
         grad_done[u] = last
         if per_rank:
             self._sum_landed(u, last)
+
+    def _reduce_scatter(self, u: int, gflat: torch.Tensor) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
+        """Reduce-scatter each chunk of a unit's gradient: this rank receives the sum of its shard of every
+        chunk. Returns those sums back to back (zero padding where shards are uneven) and, per chunk, where
+        the shard starts in them and which unit-local range it covers."""
+        comm = self.comm
+        bounds = [shard_bounds(a, b, comm.world) for a, b in self._chunks(u)]
+        widths = [max(bd[r + 1] - bd[r] for r in range(comm.world)) for bd in bounds]
+        out = torch.empty(sum(widths), dtype=gflat.dtype, device=gflat.device)
+        pieces, off = [], 0
+        for bd, width in zip(bounds, widths, strict=True):
+            if (bd[-1] - bd[0]) == width * comm.world:  # even shards: the chunk itself is the input
+                inp = gflat[bd[0]:bd[-1]]
+            else:
+                inp = torch.zeros(width * comm.world, dtype=gflat.dtype, device=gflat.device)
+                for r in range(comm.world):
+                    inp[r * width:r * width + bd[r + 1] - bd[r]] = gflat[bd[r]:bd[r + 1]]
+            comm.reduce_scatter_(out[off:off + width], inp)
+            pieces.append((off, bd[comm.rank], bd[comm.rank + 1]))
+            off += width
+        return out, pieces
 
     def _sum_landed(self, u: int, landed) -> None:
         """Per-rank gradient route: each chunk's owner sums every rank's copy into the shared slot."""

@@ -93,3 +93,36 @@ def _param_count(tmp_path) -> int:
     from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 
     return ModelAdapter(load_hf_config(str(tmp_path / "tiny.json"))).total_params
+
+
+def test_reduce_scatter_falls_back_to_all_reduce_only_where_the_backend_lacks_it(monkeypatch):
+    """A backend without reduce_scatter_tensor gets all-reduce + this rank's part; once the native op has
+    worked, a later failure is a real error and is raised, not hidden by the fallback."""
+    import torch.distributed as dist
+
+    from slidedp.runtime.comm import Comm
+
+    calls = []
+
+    def missing(out, inp):
+        calls.append("rs")
+        raise NotImplementedError("no reduce_scatter on this backend")
+
+    monkeypatch.setattr(dist, "reduce_scatter_tensor", missing)
+    monkeypatch.setattr(dist, "all_reduce", lambda t: calls.append("ar") or t.mul_(2))
+    comm = Comm(rank=1, world=2)
+    out = comm.reduce_scatter_(torch.empty(3), torch.arange(6.0))
+    assert out.tolist() == [6.0, 8.0, 10.0] and comm.native_reduce_scatter is False
+    comm.reduce_scatter_(torch.empty(3), torch.arange(6.0))
+    assert calls == ["rs", "ar", "ar"]  # the missing op is tried once
+
+    def native(out, inp):
+        out.copy_(inp[3:] * 2)
+
+    monkeypatch.setattr(dist, "reduce_scatter_tensor", native)
+    comm = Comm(rank=1, world=2)
+    assert comm.reduce_scatter_(torch.empty(3), torch.arange(6.0)).tolist() == [6.0, 8.0, 10.0]
+    monkeypatch.setattr(dist, "reduce_scatter_tensor", missing)
+    with pytest.raises(NotImplementedError):
+        comm.reduce_scatter_(torch.empty(3), torch.arange(6.0))
+    assert Comm().reduce_scatter_(torch.empty(2), torch.tensor([1.0, 2.0])).tolist() == [1.0, 2.0]
