@@ -9,6 +9,11 @@ Systems (each in its own process, run one after another so they never share the 
   deepspeed-offload  DeepSpeed ZeRO-2 with offload_optimizer cpu (DeepSpeedCPUAdam), bf16
   resident           plain GPU-resident training: fp32 weights on the GPU, bf16 autocast, fused AdamW
 
+With --gpus N every system runs N ranks on one host at the same global batch: SlideDP through
+`slidedp train --nproc N` (one shared host state), the peers under torchrun (GPU-resident becomes FSDP2
+without offload). Host memory is summed over the peers' ranks; SlideDP's is rank 0's RSS, since its ranks
+map one shared state (summing would count it N times).
+
 Every system trains the same transformers model (random init, SDPA attention) with per-layer activation
 checkpointing, the same chunked cross-entropy (4096-token chunks, logits recomputed per chunk in backward,
 so no system materialises the full logits), AdamW (lr 1e-5, betas 0.9/0.95) and global clipping at 1.0.
@@ -33,6 +38,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 SYSTEMS = ("slidedp", "fsdp2-offload", "deepspeed-offload", "resident")
@@ -52,6 +58,47 @@ def rss_gib(field: str = "VmRSS") -> float:
         if line.startswith(field + ":"):
             return float(line.split()[1]) / 2**20
     return float("nan")
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This worker's place in a torchrun group (rank 0 of 1 when run directly)."""
+
+    rank: int
+    world: int
+    device: str
+
+    @classmethod
+    def from_env(cls, device: str) -> Ranks:
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        if device.startswith("cuda") and world > 1:
+            import torch
+
+            local = int(os.environ.get("LOCAL_RANK", 0))
+            torch.cuda.set_device(local)
+            device = f"cuda:{local}"
+        return cls(rank, world, device)
+
+    def init_group(self, port: int) -> None:
+        """NCCL for GPU tensors and gloo for CPU ones (FSDP2 offload clips over CPU DTensors)."""
+        import torch.distributed as dist
+
+        backend = "cpu:gloo,cuda:nccl" if self.device.startswith("cuda") else "gloo"
+        if self.world > 1:
+            dist.init_process_group(backend)  # env:// from torchrun
+        else:
+            dist.init_process_group(backend, rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+
+    def total(self, value: float) -> float:
+        """Sum of ``value`` over the ranks (host memory of the whole group)."""
+        if self.world == 1:
+            return value
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item())
 
 
 def chunked_lm_loss(hidden, weight, labels, chunk: int = LOSS_CHUNK_TOKENS, dtype=None):
@@ -133,26 +180,33 @@ def materialise_(module, cfg, device: str, seed: int = 0) -> None:
     inner.model.rotary_emb = type(inner.model.rotary_emb)(config=cfg).to(device)
 
 
-def time_batches(system: str, model: str, seq: int, batches: list[int], steps: int, vocab: int, step_fn, emit,
-                 device: str, extra: dict | None = None) -> None:
-    """Run ``steps`` steps per batch through ``step_fn(input_ids, labels)``; emit one row per batch."""
+def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, extra: dict | None = None) -> None:
+    """Run ``args.steps`` steps per global batch through ``step_fn(input_ids, labels)``, each rank on its
+    ``batch / world`` sequences; rank 0 emits one row per batch (host memory summed over the ranks)."""
     import torch
 
     from slidedp.model_spec import load_model_spec
 
-    spec = load_model_spec(model)
-    cuda = device.startswith("cuda")
-    for i, batch in enumerate(batches):
+    spec = load_model_spec(args.model)
+    cuda = ranks.device.startswith("cuda")
+    seq = args.seq
+    for i, batch in enumerate(args.batches):
+        row = {"system": system, "model": args.model, "seq": seq, "batch": batch, "tokens_per_step": batch * seq,
+               "gpus": ranks.world, **(extra or {})}
+        if batch % ranks.world:
+            if ranks.rank == 0:
+                emit({**row, "status": f"skipped (batch not divisible by {ranks.world} ranks)"})
+            continue
+        per_rank = batch // ranks.world
         tokens = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(batch * 7919 + seq))
-        x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
-        row = {"system": system, "model": model, "seq": seq, "batch": batch, "tokens_per_step": batch * seq,
-               **(extra or {})}
+        mine = tokens[ranks.rank * per_rank:(ranks.rank + 1) * per_rank]
+        x, y = mine[:, :-1].to(ranks.device), mine[:, 1:].to(ranks.device)
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         times, loss = [], float("nan")
         try:
-            for _ in range(steps):
+            for _ in range(args.steps):
                 if cuda:
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
@@ -161,29 +215,38 @@ def time_batches(system: str, model: str, seq: int, batches: list[int], steps: i
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
         except torch.OutOfMemoryError as exc:
-            row.update(status="oom", error=str(exc).splitlines()[0][:200])
+            row.update(status="oom", error=str(exc).splitlines()[0][:200], rank=ranks.rank)
             emit(row)
-            for later in batches[i + 1:]:
+            if ranks.world > 1:  # the other ranks wait in a collective: end the group (torchrun stops them)
+                raise SystemExit(1) from None
+            for later in args.batches[i + 1:]:
                 emit({**row, "batch": later, "tokens_per_step": later * seq, "status": "skipped (oom at smaller)"})
             return
         step = statistics.median(times[1:]) if len(times) > 1 else times[0]
+        rss, rss_peak = ranks.total(rss_gib()), ranks.total(rss_gib("VmHWM"))
         row.update(status="ok", step_times_s=times, step_time_s=step, tokens_per_s=batch * seq / step,
                    model_tflops=spec.train_flops_per_token(seq) * batch * seq / step / 1e12,
                    gpu_peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
                    gpu_reserved_gib=torch.cuda.max_memory_reserved() / 2**30 if cuda else float("nan"),
-                   host_rss_gib=rss_gib(), host_rss_peak_gib=rss_gib("VmHWM"), final_loss=float(loss))
-        emit(row)
+                   host_rss_gib=rss, host_rss_peak_gib=rss_peak, final_loss=float(loss))
+        if ranks.rank == 0:
+            emit(row)
 
 
 # ---- the systems ----------------------------------------------------------------------------------------
 def run_resident(args, emit) -> None:
+    """One GPU: plain training (fp32 weights, bf16 autocast, fused AdamW). Several: FSDP2 without offload."""
     import torch
 
-    cfg, lm = build_lm(args.model, args.device)
+    ranks = Ranks.from_env(args.device)
+    if ranks.world > 1:
+        run_fsdp2(args, emit, ranks, offload=False)
+        return
+    cfg, lm = build_lm(args.model, ranks.device)
     module = wrap_with_loss(lm)
-    module.to_empty(device=args.device)
-    materialise_(module, cfg, args.device)
-    cuda = args.device.startswith("cuda")
+    module.to_empty(device=ranks.device)
+    materialise_(module, cfg, ranks.device)
+    cuda = ranks.device.startswith("cuda")
     opt = torch.optim.AdamW(module.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0, fused=cuda)
 
     def step(x, y):
@@ -195,30 +258,36 @@ def run_resident(args, emit) -> None:
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
-    time_batches("resident", args.model, args.seq, args.batches, args.steps, cfg.vocab_size, step, emit,
-                 args.device, {"optimizer": "torch AdamW fused" if cuda else "torch AdamW"})
+    time_batches("resident", args, ranks, cfg.vocab_size, step, emit,
+                 {"optimizer": "torch AdamW fused" if cuda else "torch AdamW"})
 
 
 def run_fsdp2_offload(args, emit) -> None:
+    run_fsdp2(args, emit, Ranks.from_env(args.device), offload=True)
+
+
+def run_fsdp2(args, emit, ranks: Ranks, offload: bool) -> None:
+    """FSDP2 `fully_shard` per decoder layer and on the root, bf16 compute with fp32 reduction; with
+    CPUOffloadPolicy the shards, their gradients and AdamW live on the CPU."""
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    cuda = args.device.startswith("cuda")
-    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", rank=0, world_size=1,
-                            init_method=f"tcp://127.0.0.1:{args.port}")
-    cfg, lm = build_lm(args.model, args.device)
+    cuda = ranks.device.startswith("cuda")
+    ranks.init_group(args.port)
+    cfg, lm = build_lm(args.model, ranks.device)
     module = wrap_with_loss(lm)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    offload = CPUOffloadPolicy(pin_memory=cuda)
+    policy = {"offload_policy": CPUOffloadPolicy(pin_memory=cuda)} if offload else {}
     for layer in lm.model.layers:
-        fully_shard(layer, mp_policy=mp, offload_policy=offload)
-    fully_shard(module, mp_policy=mp, offload_policy=offload)
-    module.to_empty(device="cpu")
-    materialise_(module, cfg, args.device)
+        fully_shard(layer, mp_policy=mp, **policy)
+    fully_shard(module, mp_policy=mp, **policy)
+    module.to_empty(device="cpu" if offload else ranks.device)
+    materialise_(module, cfg, ranks.device, seed=ranks.rank)
     params = list(module.parameters())
+    where = "CPU" if offload else "GPU"
     state = {"opt": torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0, fused=True),
-             "kind": "torch AdamW fused (CPU)"}
+             "kind": f"torch AdamW fused ({where})"}
 
     def step(x, y):
         loss = module(x, y)
@@ -226,20 +295,19 @@ def run_fsdp2_offload(args, emit) -> None:
         torch.nn.utils.clip_grad_norm_(params, CLIP)
         try:
             state["opt"].step()
-        except (RuntimeError, NotImplementedError) as exc:  # fused CPU AdamW over DTensors not available
-            log(f"fsdp2-offload: fused AdamW failed ({str(exc).splitlines()[0][:120]}); using foreach")
+        except (RuntimeError, NotImplementedError) as exc:  # fused AdamW over these DTensors not available
+            log(f"fsdp2: fused AdamW failed ({str(exc).splitlines()[0][:120]}); using foreach")
             state["opt"] = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0, foreach=True)
-            state["kind"] = "torch AdamW foreach (CPU)"
+            state["kind"] = f"torch AdamW foreach ({where})"
             state["opt"].step()
         state["opt"].zero_grad(set_to_none=True)
         return loss.detach()
 
     def emit_kind(row):
-        emit({**row, "optimizer": state["kind"]})
+        emit({**row, "optimizer": state["kind"], "implementation": "FSDP2" + (" CPUOffloadPolicy" if offload else "")})
 
     try:
-        time_batches("fsdp2-offload", args.model, args.seq, args.batches, args.steps, cfg.vocab_size, step, emit_kind,
-                     args.device)
+        time_batches("fsdp2-offload" if offload else "resident", args, ranks, cfg.vocab_size, step, emit_kind)
     finally:
         dist.destroy_process_group()
 
@@ -248,13 +316,14 @@ def run_deepspeed_offload(args, emit) -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cuda")
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                        ("MASTER_PORT", str(args.port))):
-        os.environ.setdefault(key, value)
+        os.environ.setdefault(key, value)  # torchrun sets them for several ranks
     import deepspeed
 
-    cfg, lm = build_lm(args.model, args.device)
+    ranks = Ranks.from_env(args.device)
+    cfg, lm = build_lm(args.model, ranks.device)
     module = wrap_with_loss(lm)
-    module.to_empty(device=args.device)
-    materialise_(module, cfg, args.device)
+    module.to_empty(device=ranks.device)
+    materialise_(module, cfg, ranks.device)
     config = {
         "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
         "bf16": {"enabled": True}, "gradient_clipping": CLIP,
@@ -273,12 +342,14 @@ def run_deepspeed_offload(args, emit) -> None:
         engine.step()
         return loss.detach()
 
-    time_batches("deepspeed-offload", args.model, args.seq, args.batches, args.steps, cfg.vocab_size, step, emit,
-                 args.device, {"optimizer": "DeepSpeedCPUAdam (ZeRO-2 offload_optimizer cpu)",
-                               "deepspeed": deepspeed.__version__})
+    time_batches("deepspeed-offload", args, ranks, cfg.vocab_size, step, emit,
+                 {"optimizer": "DeepSpeedCPUAdam (ZeRO-2 offload_optimizer cpu)", "deepspeed": deepspeed.__version__})
 
 
 def run_slidedp(args, emit) -> None:
+    if args.gpus > 1:
+        run_slidedp_ranks(args, emit)
+        return
     import torch
     from streaming_measure import StreamingModel, measure_policy, save_run_dir
 
@@ -306,6 +377,48 @@ def run_slidedp(args, emit) -> None:
         save_run_dir(runs, f"{Path(args.model).stem}-s{args.seq}-b{batch}-tuned", row, trace, sm.spec)
         emit(row)
     sm.close()
+
+
+def run_slidedp_ranks(args, emit) -> None:
+    """Several GPUs: `slidedp train --nproc N` per batch (one shared host state for all ranks), with the
+    policy `slidedp tune` picks for N GPUs; the row comes from the run directory's summary."""
+    from slidedp.hardware import load_hardware
+    from slidedp.model_spec import load_model_spec
+    from slidedp.problem import resolve_budget
+    from slidedp.tune import tune
+
+    hw = load_hardware(args.profile).with_gpus(args.gpus)
+    spec = load_model_spec(args.model)
+    budget = resolve_budget(hw, None, hw.host.memory_gib)
+    runs = Path(args.out) / "slidedp_runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    for batch in args.batches:
+        base = {"system": "slidedp", "model": args.model, "seq": args.seq, "batch": batch,
+                "tokens_per_step": batch * args.seq, "gpus": args.gpus}
+        try:
+            policy = tune(spec, hw, args.seq, batch, budget, refine_top=2).best.policy
+        except Exception as exc:  # noqa: BLE001 - a batch that does not divide or fit is a row, not a crash
+            emit({**base, "status": f"not tuned ({str(exc).splitlines()[0][:160]})"})
+            continue
+        label = f"{Path(args.model).stem}-s{args.seq}-b{batch}-g{args.gpus}-tuned"
+        policy_path = runs / f"{label}.yaml"
+        policy.save(policy_path)
+        cmd = [sys.executable, "-m", "slidedp.cli", "train", "--model", args.model, "--data", "synthetic",
+               "--seq", str(args.seq), "--batch", str(batch), "--policy", str(policy_path), "--steps",
+               str(args.steps), "--nproc", str(args.gpus), "--hardware", args.profile, "--device",
+               "auto" if args.device.startswith("cuda") else "cpu", "--no-checkpoint", "--out", str(runs / label)]
+        proc = subprocess.run(cmd, check=False)
+        summary = runs / label / "summary.json"
+        if proc.returncode != 0 or not summary.exists():
+            emit({**base, "status": f"failed (exit {proc.returncode})", "policy": policy.to_dict()})
+            continue
+        s = json.loads(summary.read_text())
+        emit({**base, "status": "ok", "policy": s["policy"], "step_time_s": s["step_time_s"],
+              "tokens_per_s": s["tokens_per_s"], "model_tflops": s["model_tflops_per_gpu"] * args.gpus,
+              "gpu_peak_gib": s.get("gpu_peak_gib") or float("nan"), "host_rss_peak_gib": s["host_rss_peak_gib"],
+              "limiter": s["limiter"], "predicted_step_time_s": s["predicted_step_time_s"],
+              "predicted_limiter": s.get("predicted_limiter", ""), "final_loss": s["final_loss"],
+              "optimizer": "SlideDP one-pass CPU AdamW"})
 
 
 WORKERS = {"slidedp": run_slidedp, "fsdp2-offload": run_fsdp2_offload, "deepspeed-offload": run_deepspeed_offload,
@@ -376,10 +489,11 @@ def plot(rows: list[dict], out: Path) -> list[Path]:
             if failed:
                 ax.scatter(failed, [ax.get_ylim()[0]] * len(failed), marker="x", color=COLORS[system], s=60)
         seq = next(r["seq"] for r in rows if r["model"] == model)
+        gpus = max(r.get("gpus", 1) for r in rows if r["model"] == model)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch (sequences per step)")
         ax.set_ylabel("throughput (tokens/s)")
-        ax.set_title(f"{model}, seq {seq} (x: out of GPU memory)")
+        ax.set_title(f"{model}, seq {seq}, {gpus} GPU{'s' if gpus > 1 else ''} (x: out of memory / not run)")
         ax.grid(alpha=0.3)
         ax.legend(title="system")
     fig.suptitle("Full-parameter training throughput on one H200: SlideDP, offloading peers, GPU-resident")
@@ -413,9 +527,13 @@ def drive(args) -> int:
     results = out / "results.jsonl"
     start = time.perf_counter()
     for i, system in enumerate(args.systems):
-        cmd = [sys.executable, __file__, "--worker", system, "--model", args.model, "--seq", str(args.seq),
+        launcher = [sys.executable]
+        if args.gpus > 1 and system != "slidedp":  # slidedp train --nproc launches its own ranks
+            launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.gpus)]
+        cmd = [*launcher, __file__, "--worker", system, "--model", args.model, "--seq", str(args.seq),
                "--batches", *map(str, args.batches), "--steps", str(args.steps), "--out", str(out),
-               "--device", args.device, "--profile", args.profile, "--port", str(args.port + i)]
+               "--device", args.device, "--profile", args.profile, "--port", str(args.port + i),
+               "--gpus", str(args.gpus)]
         log(f"=== {system}: {' '.join(cmd[1:])}")
         t0 = time.perf_counter()
         limit = min(args.timeout, args.deadline - (time.perf_counter() - start))
@@ -446,6 +564,7 @@ def main() -> int:
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     p.add_argument("--profile", default="h200-x1", help="hardware profile the tuner and simulator use")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs (ranks) per system; the batch is global")
     p.add_argument("--timeout", type=float, default=300, help="seconds per system at most")
     p.add_argument("--deadline", type=float, default=3600, help="seconds for the whole invocation at most")
     p.add_argument("--port", type=int, default=29611)

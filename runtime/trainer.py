@@ -295,7 +295,7 @@ class Trainer:
         steady = times[1:] if len(times) > 1 else times
         step_time = statistics.median(steady)
         mean = exposure.drop(columns="rank").mean()
-        predicted = simulate(self.workload).step_time_s
+        predicted = simulate(self.workload)
         return {
             "model": self.model_spec.name, "model_spec": self.model_spec.to_dict(), "hardware": s.hardware.name,
             "gpus": s.world, "seq": s.seq, "adam_threads": self.workload.adam_threads,
@@ -312,6 +312,7 @@ class Trainer:
             "predicted_gpu_allocated_gib": self.memory.gpu_allocated_peak / GIB,  # compare with gpu_peak_gib
             "host_rss_peak_gib": rss_bytes("VmHWM") / GIB,
             "host_state_bytes_per_param": host.bytes_per_param(),
-            "predicted_step_time_s": predicted,
+            "predicted_step_time_s": predicted.step_time_s,
+            "predicted_limiter": predicted.limiter,
             "pid": os.getpid(),
         }

@@ -74,6 +74,20 @@ def test_peer_compare_runs_every_cpu_capable_system(tmp_path, tiny_config):
     assert (out / "slidedp_runs.tar.gz").exists()
 
 
+def test_peer_compare_with_two_ranks_per_system(tmp_path, tiny_config):
+    """--gpus 2: SlideDP through slidedp train --nproc 2, FSDP2 offload under torchrun; a global batch that
+    does not split over the ranks is a row saying so, not a failure."""
+    out = tmp_path / "peers2"
+    cmd = [sys.executable, str(BENCH / "peer_compare.py"), "--model", str(tiny_config), "--seq", "16",
+           "--batches", "2", "3", "--steps", "2", "--device", "cpu", "--gpus", "2", "--systems", "slidedp",
+           "fsdp2-offload", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    rows = {(r["system"], r["batch"]): r for r in peer_compare.load_rows(out)}
+    assert rows[("slidedp", 2)]["status"] == "ok" and rows[("fsdp2-offload", 2)]["status"] == "ok"
+    assert rows[("slidedp", 2)]["gpus"] == 2 and rows[("fsdp2-offload", 2)]["gpus"] == 2
+    assert rows[("fsdp2-offload", 3)]["status"].startswith("skipped") and rows[("slidedp", 3)]["status"] != "ok"
+
+
 def test_validation_and_long_sequence_scripts_write_run_directories(tmp_path, tiny_config):
     from slidedp.calibration.from_run import load_record
 
@@ -90,3 +104,14 @@ def test_validation_and_long_sequence_scripts_write_run_directories(tmp_path, ti
     rows = [json.loads(line) for line in (long_seq / "results.jsonl").read_text().splitlines()]
     assert [(r["seq"], r["status"]) for r in rows] == [(32, "ok"), (64, "ok")]
     assert all(r["model_spec"]["layers"] == 2 for r in rows)
+
+
+def test_multi_gpu_correctness_part_compares_ranks_with_one_process(tmp_path, tiny_config):
+    out = tmp_path / "mg"
+    subprocess.run([sys.executable, str(BENCH / "multi_gpu.py"), "--model", str(tiny_config), "--gpus", "2",
+                    "--seq", "16", "--check-steps", "2", "--device", "cpu", "--only", "correctness",
+                    "--out", str(out)], check=True, capture_output=True, timeout=300)
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    summary = next(r for r in rows if r["experiment"] == "correctness-summary")
+    assert summary["status"] == "ok" and summary["max_loss_diff"] < 1e-5  # fp32 on the CPU: the same sums
+    assert {r["label"] for r in rows if r["experiment"] == "correctness"} == {"correct-g1-b4", "correct-g2-b4"}
