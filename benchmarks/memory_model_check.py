@@ -18,6 +18,7 @@ from slidedp.policy import Policy
 from slidedp.workload import StepWorkload
 
 RESULTS = Path(__file__).parent / "results" / "h200-2026-12-02"
+NEW = Path(__file__).parent / "results" / "h200-2026-12-02b"
 LONG_POLICY = Policy(activation="recompute", micro_batch=1, accumulation=1, chunks_per_layer=8, prefetch_depth=2)
 LONG_RUNS = {32768: 24.4295654296875}  # run32k: summary printed in its log only (see summary_from_log.txt)
 
@@ -35,6 +36,19 @@ def measured_points():
                summary["batch"], summary["gpu_peak_gib"])
     for seq, peak in LONG_RUNS.items():
         yield f"qwen3-8b {seq} tokens", "qwen3-8b", LONG_POLICY, seq, 1, peak
+    # Second session: validation runs, the tuned runs of the peer comparison, the 14B-wide long sequences.
+    for name in ("calibration/results.jsonl", "peers/results.jsonl", "p8b/results.jsonl"):
+        for line in (NEW / name).read_text().splitlines():
+            row = json.loads(line)
+            if row.get("system", "slidedp") == "slidedp" and row.get("status") == "ok":
+                label = row.get("label") or f"{row['model']} batch {row['batch']} tuned"
+                yield (f"{label} ({row['policy']['activation']})", row["model"], Policy.from_dict(row["policy"]),
+                       row["seq"], row["batch"], row["gpu_peak_gib"])
+    wide = str(NEW / "long_seq" / "qwen3-14b-shaped-8l.json")
+    for line in (NEW / "long_seq" / "results.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        yield (f"qwen3-14b-wide 8 layers {row['seq']} tokens", wide, Policy.from_dict(row["policy"]), row["seq"],
+               row["batch"], row["gpu_peak_gib"])
 
 
 def main() -> None:
