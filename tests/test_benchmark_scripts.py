@@ -17,6 +17,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import peer_compare  # noqa: E402
+import peer_systems  # noqa: E402
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def test_peers_chunked_loss_equals_full_cross_entropy():
     ref = F.cross_entropy((hidden.reshape(-1, 16) @ weight.T).float(), labels.reshape(-1))
     ref_grads = torch.autograd.grad(ref, [hidden, weight])
 
-    loss = peer_compare.chunked_lm_loss(hidden, weight, labels, chunk=7, dtype=torch.float64)
+    loss = peer_systems.chunked_lm_loss(hidden, weight, labels, chunk=7, dtype=torch.float64)
     grads = torch.autograd.grad(loss, [hidden, weight])
     assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
     for a, b in zip(grads, ref_grads, strict=True):
