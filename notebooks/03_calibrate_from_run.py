@@ -3,7 +3,8 @@
 #
 # A training run leaves a run directory whose trace has the same schema as the simulator's. Refitting the
 # hardware profile from it replaces assumed rates with measured ones. Here: a short CPU run of a tiny
-# model (any machine), then the measured 64K-token Qwen3-8B run from the H200 that ships with the repo.
+# model (any machine), then the measured 64K-token Qwen3-8B run from the H200 that ships with the repo, then
+# twenty measured H200 runs against the calibrated profile.
 
 # %%
 import json
@@ -65,3 +66,33 @@ if h200_run.exists():
     shipped = validate([record], base)
     print(shipped[["label", "measured_s", "predicted_s", "error_percent", "measured_limiter",
                    "predicted_limiter"]].to_string(index=False))
+
+# %% [markdown]
+# ## Twenty measured H200 runs against the calibrated profile
+#
+# The shipped `h200-x1` profile is `slidedp calibrate`'s output on that host. The second H200 session kept
+# 20 runs as run directories (traces included): ten hand-picked policies (sequence 1K-32K, 2-16 chunks,
+# keep / recompute / offload, accumulation, prefetch 1) and the ten tuned runs of the peer comparison.
+# Predicted against measured, with the limiter the simulator names and the one the trace shows:
+
+# %%
+import tarfile  # noqa: E402
+
+results = REPO / "benchmarks" / "results" / "h200-2026-12-02b"
+tars = [results / "calibration" / "validation_runs.tar.gz", results / "peers" / "slidedp_runs.tar.gz",
+        results / "p8b" / "slidedp_runs.tar.gz"]
+if all(t.exists() for t in tars):
+    for t in tars:
+        with tarfile.open(t) as fh:
+            fh.extractall(work / "h200", filter="data")
+    paths = sorted(p for p in (work / "h200").glob("*/*") if (p / "summary.json").exists())
+    if os.environ.get("SLIDEDP_NOTEBOOK_SMALL"):
+        paths = paths[::4]  # CI: every fourth run keeps the notebook fast
+    records = [load_record(p) for p in paths]
+    table = validate(records, base)
+    print(f"h200-x1: MAPE {mape(table):.1f}% over {len(table)} runs, limiter named correctly in "
+          f"{int(table.limiter_match.sum())}/{len(table)}")
+    print(table[["label", "measured_s", "predicted_s", "error_percent", "measured_limiter",
+                 "predicted_limiter"]].round(3).to_string(index=False))
+    plots.predicted_vs_measured(table, OUT / "h200_runs", "Measured H200 runs vs the calibrated h200-x1 profile")
+    show(OUT / "h200_runs")
