@@ -146,7 +146,7 @@ def _torch_adam_cast(p: torch.Tensor, mom: torch.Tensor, var: torch.Tensor, grad
     return update
 
 
-def gpu_benchmarks(m: Measurements, quick: bool) -> None:
+def gpu_benchmarks(m: Measurements, quick: bool, progress: Progress | None = None) -> None:
     if not torch.cuda.is_available():
         m.report["gpu"] = "no CUDA device: PCIe and GPU rates kept from the base profile"
         return
@@ -162,6 +162,8 @@ def gpu_benchmarks(m: Measurements, quick: bool) -> None:
                     host[:size].copy_(dev[:size], non_blocking=True)
                 torch.cuda.synchronize()
             table[size] = _median_time(copy, 3 if quick else 10)
+        if progress:
+            progress(sizes.index(size) + 1, len(sizes) + 2)
     big = max(sizes)
     other = torch.empty(big, dtype=torch.uint8, pin_memory=True)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
@@ -175,7 +177,11 @@ def gpu_benchmarks(m: Measurements, quick: bool) -> None:
         torch.cuda.synchronize()
     m.duplex_gbps = 2 * big / _median_time(both, 3) / 1e9
     concurrent_copy_benchmarks(m, host, quick)
+    if progress:
+        progress(len(sizes) + 1, len(sizes) + 2)
     collective_benchmarks(m, quick)
+    if progress:
+        progress(len(sizes) + 2, len(sizes) + 2)
 
 
 def concurrent_copy_benchmarks(m: Measurements, host: torch.Tensor, quick: bool) -> None:

@@ -45,7 +45,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     else:
         with progress_callback("micro-benchmarks") as progress:
             measured = host_benchmarks(args.quick, progress)
-            gpu_benchmarks(measured, args.quick)
+            gpu_benchmarks(measured, args.quick, progress)
             for model in args.model or []:
                 layer_benchmarks(measured, model, args.quick, progress)
         profile, report = profile_from(base, measured)
