@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tarfile
 import time
 from pathlib import Path
+
+from train_runs import train_run
 
 from slidedp.presets.models import MODEL_PRESETS
 
@@ -61,19 +62,14 @@ def main() -> int:
             if time.perf_counter() - start > args.deadline:
                 results.write(json.dumps({"seq": seq, "status": "not run (deadline)"}) + "\n")
                 continue
-            cmd = [sys.executable, "-m", "slidedp.cli", "train", "--model", str(config), "--data", "synthetic",
-                   "--seq", str(seq), "--policy", str(policy), "--steps", str(args.steps), "--gpu-budget",
-                   str(args.gpu_budget), "--hardware", args.hardware, "--device", args.device, "--no-checkpoint",
-                   "--out", str(run)]
-            log(f"=== seq {seq}: {' '.join(cmd[1:])}")
             t0 = time.perf_counter()
-            proc = subprocess.run(cmd, check=False)
-            row = {"seq": seq, "layers": args.layers, "exit": proc.returncode, "wall_s": time.perf_counter() - t0}
-            summary = run / "summary.json"
-            if summary.exists():
-                row.update(json.loads(summary.read_text()), status="ok")
+            code, summary = train_run(str(config), seq, policy, args.steps, run, hardware=args.hardware,
+                                      device=args.device, extra=("--gpu-budget", str(args.gpu_budget)))
+            row = {"seq": seq, "layers": args.layers, "exit": code, "wall_s": time.perf_counter() - t0}
+            if summary is not None:
+                row.update(summary, status="ok")
             else:
-                row["status"] = f"failed (exit {proc.returncode})"
+                row["status"] = f"failed (exit {code})"
             results.write(json.dumps(row) + "\n")
             results.flush()
             (run / "trace.parquet").unlink(missing_ok=True)  # keep the transfer small

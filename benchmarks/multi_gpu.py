@@ -17,15 +17,17 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from train_runs import train_run
 
 from slidedp.hardware import load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.policy import GRAD_ROUTES, PARAM_ROUTES, Policy
 from slidedp.problem import resolve_budget
+from slidedp.report.rundir import load_run
 from slidedp.tune import tune
 
 
@@ -58,21 +60,12 @@ class Runner:
         run = self.out / "runs" / label
         policy_path = self.out / "runs" / f"{label}.policy.yaml"
         policy.save(policy_path)
-        cmd = [sys.executable, "-m", "slidedp.cli", "train", "--model", self.args.model, "--data", "synthetic",
-               "--seq", str(self.args.seq), "--batch", str(batch), "--policy", str(policy_path), "--steps",
-               str(steps), "--nproc", str(gpus), "--hardware", self.args.hardware, "--device", self.args.device,
-               "--no-checkpoint", "--seed", "0", "--out", str(run)]
-        log(f"=== {label}: {' '.join(cmd[3:])}")
-        proc = subprocess.run(cmd, check=False)
-        summary = run / "summary.json"
-        if proc.returncode != 0 or not summary.exists():
-            row["status"] = f"failed (exit {proc.returncode})"
+        code, s = train_run(self.args.model, self.args.seq, policy_path, steps, run, batch=batch, nproc=gpus,
+                            hardware=self.args.hardware, device=self.args.device, extra=("--seed", "0"))
+        if code != 0 or s is None:
+            row["status"] = f"failed (exit {code})"
             return self._keep(row)
-        s = json.loads(summary.read_text())
-        exposure = {}
-        if (run / "exposure.csv").exists():
-            with (run / "exposure.csv").open() as fh:
-                exposure = {k: float(v) for k, v in next(csv.DictReader(fh)).items() if k != "rank"}
+        exposure = load_run(run).exposure.drop(columns="rank").iloc[0].to_dict()  # rank 0's
         with (run / "metrics.csv").open() as fh:
             losses = [float(r["loss"]) for r in csv.DictReader(fh)]
         row.update(status="ok", losses=losses, exposure_s=exposure,

@@ -7,11 +7,8 @@ through ``emit``.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,10 +23,9 @@ def log(msg: str) -> None:
 
 # ---- shared by the peers ---------------------------------------------------------------------------------
 def rss_gib(field: str = "VmRSS") -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return float(line.split()[1]) / 2**20
-    return float("nan")
+    from slidedp.runtime.trainer import rss_bytes
+
+    return rss_bytes(field) / 2**30
 
 
 @dataclass(frozen=True)
@@ -356,6 +352,8 @@ def run_slidedp(args, emit) -> None:
 def run_slidedp_ranks(args, emit) -> None:
     """Several GPUs: `slidedp train --nproc N` per batch (one shared host state for all ranks), with the
     policy `slidedp tune` picks for N GPUs; the row comes from the run directory's summary."""
+    from train_runs import train_run
+
     from slidedp.hardware import load_hardware
     from slidedp.model_spec import load_model_spec
     from slidedp.problem import resolve_budget
@@ -377,16 +375,12 @@ def run_slidedp_ranks(args, emit) -> None:
         label = f"{Path(args.model).stem}-s{args.seq}-b{batch}-g{args.gpus}-tuned"
         policy_path = runs / f"{label}.yaml"
         policy.save(policy_path)
-        cmd = [sys.executable, "-m", "slidedp.cli", "train", "--model", args.model, "--data", "synthetic",
-               "--seq", str(args.seq), "--batch", str(batch), "--policy", str(policy_path), "--steps",
-               str(args.steps), "--nproc", str(args.gpus), "--hardware", args.profile, "--device",
-               "auto" if args.device.startswith("cuda") else "cpu", "--no-checkpoint", "--out", str(runs / label)]
-        proc = subprocess.run(cmd, check=False)
-        summary = runs / label / "summary.json"
-        if proc.returncode != 0 or not summary.exists():
-            emit({**base, "status": f"failed (exit {proc.returncode})", "policy": policy.to_dict()})
+        code, s = train_run(args.model, args.seq, policy_path, args.steps, runs / label, batch=batch,
+                            nproc=args.gpus, hardware=args.profile,
+                            device="auto" if args.device.startswith("cuda") else "cpu")
+        if code != 0 or s is None:
+            emit({**base, "status": f"failed (exit {code})", "policy": policy.to_dict()})
             continue
-        s = json.loads(summary.read_text())
         emit({**base, "status": "ok", "policy": s["policy"], "step_time_s": s["step_time_s"],
               "tokens_per_s": s["tokens_per_s"], "model_tflops": s["model_tflops_per_gpu"] * args.gpus,
               "gpu_peak_gib": s.get("gpu_peak_gib") or float("nan"), "host_rss_peak_gib": s["host_rss_peak_gib"],
