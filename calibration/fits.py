@@ -82,7 +82,8 @@ class BackwardFit:
 
 def fit_backward_ratios(linear_s, attention_s, backward_s, overhead_s: float) -> BackwardFit:
     """backward = a x linear forward time + b x attention forward time + overhead, by non-negative least
-    squares weighted to relative error. Without attention variety (one sequence length share) b = a."""
+    squares weighted to relative error. When one of the two is not identifiable (e.g. every sample has the
+    same share of attention) both get one common ratio."""
     lin, att, t = (np.asarray(v, dtype=float) for v in (linear_s, attention_s, backward_s))
     if len(t) < 2 or np.any(t <= 0):
         raise SlideDPError("a backward fit needs at least two positive timings")

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from slidedp.calibration.fits import fit_link, thread_curve
+from slidedp.calibration.fits import fit_backward_ratios, fit_compute, fit_link, thread_curve
 from slidedp.hardware import HardwareProfile, SwitchSpec
+from slidedp.model_spec import load_model_spec
 from slidedp.workload import ADAM_HOST_BYTES_BASE, FUSED_ADAM_HOST_BYTES
 
 Progress = Callable[[int, int], None]
@@ -132,16 +133,17 @@ def adam_chunk_benchmarks(quick: bool) -> dict:
 
 
 def _torch_adam_cast(p: torch.Tensor, mom: torch.Tensor, var: torch.Tensor, grad: torch.Tensor):
-    """The runtime's fallback path: upcast the gradient, torch's fused AdamW, cast the weights to bf16."""
-    steps = torch.zeros(())
+    """The runtime's fallback path: ``adamw_chunk_`` (upcast, torch's fused AdamW), then the bf16 cast."""
+    from slidedp.runtime.optim import OptimConfig, adamw_chunk_
+
+    cfg = OptimConfig(lr=1e-5)
     scratch = torch.empty_like(p)
     out = torch.empty(p.shape, dtype=torch.bfloat16)
+    step = [0]
 
     def update() -> None:
-        steps.add_(1)
-        g = scratch.copy_(grad) if grad.dtype != torch.float32 else grad
-        torch._fused_adamw_([p], [g], [mom], [var], [], [steps], lr=1e-5, beta1=0.9, beta2=0.95, weight_decay=0.0,
-                            eps=1e-8, amsgrad=False, maximize=False)
+        step[0] += 1
+        adamw_chunk_(p, grad, mom, var, step[0], cfg.lr, cfg, 1.0, scratch)
         out.copy_(p)
     return update
 
@@ -153,7 +155,7 @@ def gpu_benchmarks(m: Measurements, quick: bool, progress: Progress | None = Non
     sizes = [2**20, 2**23, 2**26] if quick else [2**20, 2**22, 2**24, 2**26, 2**28, 2**30]
     host = torch.empty(max(sizes), dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(max(sizes), dtype=torch.uint8, device="cuda")
-    for size in sizes:
+    for i, size in enumerate(sizes):
         for direction, table in (("h2d", m.h2d), ("d2h", m.d2h)):
             def copy(size=size, direction=direction):
                 if direction == "h2d":
@@ -163,7 +165,7 @@ def gpu_benchmarks(m: Measurements, quick: bool, progress: Progress | None = Non
                 torch.cuda.synchronize()
             table[size] = _median_time(copy, 3 if quick else 10)
         if progress:
-            progress(sizes.index(size) + 1, len(sizes) + 2)
+            progress(i + 1, len(sizes) + 2)
     big = max(sizes)
     other = torch.empty(big, dtype=torch.uint8, pin_memory=True)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
@@ -338,9 +340,6 @@ def layer_benchmarks(m: Measurements, model: str, quick: bool, progress: Progres
 def compute_profile(gpu, samples: list[tuple[str, int, int, float, float]]):
     """Fit the GPUSpec compute model to the layer timings (see layer_benchmarks): the forward model first,
     then the backward/forward ratios of linears and attention against the fitted forward components."""
-    from slidedp.calibration.fits import fit_backward_ratios, fit_compute
-    from slidedp.model_spec import load_model_spec
-
     specs = {name: load_model_spec(name) for name in {s[0] for s in samples}}
     lin = [specs[name].layer_linear_flops_per_token() * tokens for name, _, tokens, _, _ in samples]
     att = [specs[name].layer_attention_flops_per_token(seq) * tokens for name, seq, tokens, _, _ in samples]
