@@ -154,6 +154,7 @@ def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, ext
     """Run ``args.steps`` steps per global batch through ``step_fn(input_ids, labels)``, each rank on its
     ``batch / world`` sequences; rank 0 emits one row per batch (host memory summed over the ranks)."""
     import torch
+    from streaming_measure import synthetic_tokens
 
     from slidedp.model_spec import load_model_spec
 
@@ -168,7 +169,7 @@ def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, ext
                 emit({**row, "status": f"skipped (batch not divisible by {ranks.world} ranks)"})
             continue
         per_rank = batch // ranks.world
-        tokens = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(batch * 7919 + seq))
+        tokens = synthetic_tokens(vocab, batch, seq)
         mine = tokens[ranks.rank * per_rank:(ranks.rank + 1) * per_rank]
         x, y = mine[:, :-1].to(ranks.device), mine[:, 1:].to(ranks.device)
         if cuda:

@@ -62,8 +62,10 @@ class StreamingModel:
         self.host.close()
 
 
-def synthetic_tokens(vocab: int, batch: int, seq: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(seed))
+def synthetic_tokens(vocab: int, batch: int, seq: int) -> torch.Tensor:
+    """The tokens every benchmarked system trains on for a (batch, seq): seeded by the shape, so SlideDP,
+    its resident reference and the peers see the same data."""
+    return torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(batch * 7919 + seq))
 
 
 def measure_policy(sm: StreamingModel, hw: HardwareProfile, policy: Policy, seq: int, batch: int, steps: int,
@@ -71,7 +73,7 @@ def measure_policy(sm: StreamingModel, hw: HardwareProfile, policy: Policy, seq:
     """Run ``steps`` steps of the streaming runtime; the row holds the measured and the simulated figures."""
     w = StepWorkload(sm.spec, hw, policy, seq, batch)
     predicted = simulate(w)
-    tokens = synthetic_tokens(sm.config.vocab_size, batch, seq, seed=batch * 7919 + seq)
+    tokens = synthetic_tokens(sm.config.vocab_size, batch, seq)
     if sm.device.is_cuda:
         torch.cuda.reset_peak_memory_stats()
     engine = StreamingEngine(sm.adapter, sm.spec, sm.host, policy, optim, sm.device, TraceRecorder(sm.device), seq,
