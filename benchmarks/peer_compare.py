@@ -4,7 +4,10 @@
 
 Systems (benchmarks/peer_systems.py; each in its own process, run one after another so they never share the
 GPU or host memory):
-  slidedp            this runtime, policy from `slidedp tune` for each batch (profile --profile)
+  slidedp            this runtime, policy from `slidedp tune` for each batch (profile --profile); the tuner may
+                     hold leading units' optimizer state in spare GPU memory (Policy.gpu_state_units)
+  slidedp-host       the same with every optimizer state on the host (`slidedp tune --no-gpu-state`): the
+                     like-for-like setting against peers that offload the whole optimizer
   fsdp2-offload      PyTorch FSDP2 `fully_shard` with CPUOffloadPolicy + bf16 MixedPrecisionPolicy, torch
                      AdamW on the CPU (fused kernel where DTensor allows it, foreach otherwise)
   deepspeed-offload  DeepSpeed ZeRO-2 with offload_optimizer cpu (DeepSpeedCPUAdam), bf16
@@ -41,9 +44,11 @@ from pathlib import Path
 
 from peer_systems import WORKERS, log
 
-SYSTEMS = ("slidedp", "fsdp2-offload", "deepspeed-offload", "resident")
-COLORS = {"slidedp": "tab:blue", "fsdp2-offload": "tab:orange", "deepspeed-offload": "tab:green",
-          "resident": "tab:red"}
+SYSTEMS = ("slidedp", "slidedp-host", "fsdp2-offload", "deepspeed-offload", "resident")
+OURS = ("slidedp", "slidedp-host")  # tuned freely; tuned with every optimizer state on the host
+PEERS = tuple(s for s in SYSTEMS if s not in OURS)
+COLORS = {"slidedp": "tab:blue", "slidedp-host": "tab:cyan", "fsdp2-offload": "tab:orange",
+          "deepspeed-offload": "tab:green", "resident": "tab:red"}
 
 
 # ---- the driver ------------------------------------------------------------------------------------------
@@ -58,13 +63,13 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
-def speedups(rows: list[dict], model: str) -> dict[str, dict]:
-    """SlideDP tokens/s over each peer's, per batch where both ran, and the geometric mean."""
+def speedups(rows: list[dict], model: str, ours: str = "slidedp") -> dict[str, dict]:
+    """One SlideDP variant's tokens/s over each peer's, per batch where both ran, and the geometric mean."""
     ok = {(r["system"], r["batch"]): r for r in rows if r.get("status") == "ok" and r["model"] == model}
     out = {}
-    for peer in SYSTEMS[1:]:
-        ratios = {b: ok[("slidedp", b)]["tokens_per_s"] / ok[(peer, b)]["tokens_per_s"]
-                  for (s, b) in ok if s == peer and ("slidedp", b) in ok}
+    for peer in PEERS:
+        ratios = {b: ok[(ours, b)]["tokens_per_s"] / ok[(peer, b)]["tokens_per_s"]
+                  for (s, b) in ok if s == peer and (ours, b) in ok}
         out[peer] = {"per_batch": dict(sorted(ratios.items())), "geomean": geomean(list(ratios.values()))}
     return out
 
@@ -84,10 +89,11 @@ def table_markdown(rows: list[dict]) -> str:
                      f"{_fmt(r, 'model_tflops', '.0f')} | {_fmt(r, 'gpu_peak_gib', '.1f')} | "
                      f"{_fmt(r, 'host_rss_peak_gib', '.1f')} | {sim} |")
     for model in sorted({r["model"] for r in rows}):
-        for peer, s in speedups(rows, model).items():
-            if s["per_batch"]:
-                per = ", ".join(f"b{b}: {v:.2f}x" for b, v in s["per_batch"].items())
-                lines.append(f"\n{model}: SlideDP / {peer} tokens/s geometric mean {s['geomean']:.2f}x ({per})")
+        for ours in OURS:
+            for peer, s in speedups(rows, model, ours).items():
+                if s["per_batch"]:
+                    per = ", ".join(f"b{b}: {v:.2f}x" for b, v in s["per_batch"].items())
+                    lines.append(f"\n{model}: {ours} / {peer} tokens/s geometric mean {s['geomean']:.2f}x ({per})")
     return "\n".join(lines) + "\n"
 
 
@@ -149,12 +155,14 @@ def drive(args) -> int:
     start = time.perf_counter()
     for i, system in enumerate(args.systems):
         launcher = [sys.executable]
-        if args.gpus > 1 and system != "slidedp":  # slidedp train --nproc launches its own ranks
+        if args.gpus > 1 and system not in OURS:  # slidedp train --nproc launches its own ranks
             launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.gpus)]
         cmd = [*launcher, __file__, "--worker", system, "--model", args.model, "--seq", str(args.seq),
                "--batches", *map(str, args.batches), "--steps", str(args.steps), "--out", str(out),
                "--device", args.device, "--profile", args.profile, "--port", str(args.port + i),
                "--gpus", str(args.gpus)]
+        if args.slidedp_gpu_budget is not None:
+            cmd += ["--slidedp-gpu-budget", str(args.slidedp_gpu_budget)]
         log(f"=== {system}: {' '.join(cmd[1:])}")
         t0 = time.perf_counter()
         limit = min(args.timeout, args.deadline - (time.perf_counter() - start))
@@ -189,6 +197,8 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=300, help="seconds per system at most")
     p.add_argument("--deadline", type=float, default=3600, help="seconds for the whole invocation at most")
     p.add_argument("--port", type=int, default=29611)
+    p.add_argument("--slidedp-gpu-budget", type=float, metavar="GIB",
+                   help="GPU memory the SlideDP tuner may plan for (default: its usual fraction of the GPU)")
     p.add_argument("--out", default="peer_results")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--collate", action="store_true", help="only rebuild table and plot from --out")

@@ -7,10 +7,11 @@ through ``emit``.
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 LOSS_CHUNK_TOKENS = 4096
@@ -317,9 +318,17 @@ def run_deepspeed_offload(args, emit) -> None:
                  {"optimizer": "DeepSpeedCPUAdam (ZeRO-2 offload_optimizer cpu)", "deepspeed": deepspeed.__version__})
 
 
-def run_slidedp(args, emit) -> None:
+def slidedp_space(host_state_only: bool):
+    """The tuner's search space: everything, or all optimizer state kept on the host (gpu_state_units = 0),
+    the like-for-like setting against peers that offload the whole optimizer."""
+    from slidedp.tune import TuneSpace
+
+    return TuneSpace(gpu_state=not host_state_only)
+
+
+def run_slidedp(args, emit, host_state_only: bool = False) -> None:
     if args.gpus > 1:
-        run_slidedp_ranks(args, emit)
+        run_slidedp_ranks(args, emit, host_state_only)
         return
     import torch
     from streaming_measure import StreamingModel, measure_policy, save_run_dir
@@ -329,28 +338,41 @@ def run_slidedp(args, emit) -> None:
     from slidedp.runtime.device import Device
     from slidedp.tune import tune
 
+    system = "slidedp-host" if host_state_only else "slidedp"
     hw = load_hardware(args.profile)
-    budget = resolve_budget(hw, None, hw.host.memory_gib)
+    budget = resolve_budget(hw, args.slidedp_gpu_budget, hw.host.memory_gib)
     sm = StreamingModel.open(args.model, Device(args.device), log)
     runs = Path(args.out) / "slidedp_runs"
     for i, batch in enumerate(args.batches):
-        tuned = tune(sm.spec, hw, args.seq, batch, budget, refine_top=4)
-        try:
-            row, trace = measure_policy(sm, hw, tuned.best.policy, args.seq, batch, args.steps)
-        except torch.OutOfMemoryError as exc:
-            emit({"system": "slidedp", "model": args.model, "seq": args.seq, "batch": batch, "status": "oom",
-                  "error": str(exc).splitlines()[0][:200]})
+        # Out of memory at the tuned policy (the memory model errs by up to ~20%): tune again for 85% of the
+        # budget, twice at most, and say so in the row.
+        row, oom = None, []
+        for attempt in range(3):
+            plan_budget = replace(budget, gpu_bytes=budget.gpu_bytes * 0.85 ** attempt)
+            tuned = tune(sm.spec, hw, args.seq, batch, plan_budget, slidedp_space(host_state_only), refine_top=4)
+            try:
+                row, trace = measure_policy(sm, hw, tuned.best.policy, args.seq, batch, args.steps)
+                break
+            except torch.OutOfMemoryError as exc:
+                oom.append(f"{plan_budget.gpu_bytes / GIB:.0f} GiB budget: {str(exc).splitlines()[0][:120]}")
+                gc.collect()
+                torch.cuda.empty_cache()
+        if row is None:
+            emit({"system": system, "model": args.model, "seq": args.seq, "batch": batch, "status": "oom",
+                  "error": " | ".join(oom)})
             for later in args.batches[i + 1:]:
-                emit({"system": "slidedp", "model": args.model, "seq": args.seq, "batch": later,
+                emit({"system": system, "model": args.model, "seq": args.seq, "batch": later,
                       "status": "skipped (oom at smaller)"})
             break
-        row.update(predicted_gpu_peak_gib=tuned.best.memory.gpu_peak / GIB, optimizer="SlideDP one-pass CPU AdamW")
-        save_run_dir(runs, f"{Path(args.model).stem}-s{args.seq}-b{batch}-tuned", row, trace, sm.spec)
+        row.update(system=system, predicted_gpu_peak_gib=tuned.best.memory.gpu_peak / GIB,
+                   planned_gpu_budget_gib=plan_budget.gpu_bytes / GIB, oom_retries=oom,
+                   optimizer="SlideDP one-pass CPU AdamW" + ("" if host_state_only else " + GPU AdamW for held units"))
+        save_run_dir(runs, f"{Path(args.model).stem}-s{args.seq}-b{batch}-{system}", row, trace, sm.spec)
         emit(row)
     sm.close()
 
 
-def run_slidedp_ranks(args, emit) -> None:
+def run_slidedp_ranks(args, emit, host_state_only: bool = False) -> None:
     """Several GPUs: `slidedp train --nproc N` per batch (one shared host state for all ranks), with the
     policy `slidedp tune` picks for N GPUs; the row comes from the run directory's summary."""
     from train_runs import train_run
@@ -362,18 +384,19 @@ def run_slidedp_ranks(args, emit) -> None:
 
     hw = load_hardware(args.profile).with_gpus(args.gpus)
     spec = load_model_spec(args.model)
-    budget = resolve_budget(hw, None, hw.host.memory_gib)
+    budget = resolve_budget(hw, args.slidedp_gpu_budget, hw.host.memory_gib)
+    system = "slidedp-host" if host_state_only else "slidedp"
     runs = Path(args.out) / "slidedp_runs"
     runs.mkdir(parents=True, exist_ok=True)
     for batch in args.batches:
-        base = {"system": "slidedp", "model": args.model, "seq": args.seq, "batch": batch,
+        base = {"system": system, "model": args.model, "seq": args.seq, "batch": batch,
                 "tokens_per_step": batch * args.seq, "gpus": args.gpus}
         try:
-            policy = tune(spec, hw, args.seq, batch, budget, refine_top=2).best.policy
+            policy = tune(spec, hw, args.seq, batch, budget, slidedp_space(host_state_only), refine_top=2).best.policy
         except Exception as exc:  # noqa: BLE001 - a batch that does not divide or fit is a row, not a crash
             emit({**base, "status": f"not tuned ({str(exc).splitlines()[0][:160]})"})
             continue
-        label = f"{Path(args.model).stem}-s{args.seq}-b{batch}-g{args.gpus}-tuned"
+        label = f"{Path(args.model).stem}-s{args.seq}-b{batch}-g{args.gpus}-{system}"
         policy_path = runs / f"{label}.yaml"
         policy.save(policy_path)
         code, s = train_run(args.model, args.seq, policy_path, args.steps, runs / label, batch=batch,
@@ -390,5 +413,6 @@ def run_slidedp_ranks(args, emit) -> None:
               "optimizer": "SlideDP one-pass CPU AdamW"})
 
 
-WORKERS = {"slidedp": run_slidedp, "fsdp2-offload": run_fsdp2_offload, "deepspeed-offload": run_deepspeed_offload,
+WORKERS = {"slidedp": run_slidedp, "slidedp-host": lambda args, emit: run_slidedp(args, emit, host_state_only=True),
+           "fsdp2-offload": run_fsdp2_offload, "deepspeed-offload": run_deepspeed_offload,
            "resident": run_resident}

@@ -3,7 +3,8 @@
     python benchmarks/validation_runs.py --model qwen3-4b --out DIR [--steps 3] [--deadline 240]
 
 The set varies what the simulator must get right: batch, sequence length (1K-32K), chunking (2-16 per
-layer), activation policy (keep / recompute / offload), gradient accumulation and prefetch depth. The host
+layer), activation policy (keep / recompute / offload), gradient accumulation, prefetch depth and (--set
+gpu_state) how many leading units keep their optimizer state on the GPU. The host
 state is allocated once. Each run becomes a run directory under DIR/runs (trace, exposure, summary), packed
 into DIR/validation_runs.tar.gz; `slidedp validate DIR/runs/* --hardware PROFILE` then gives the MAPE.
 Runs stop being started once --deadline seconds have passed (the rest are listed as not run).
@@ -40,6 +41,25 @@ RUNS: list[tuple[str, int, int, dict]] = [
     ("s16384-b1-recompute-c16", 16384, 1, dict(activation="recompute", micro_batch=1, chunks_per_layer=16)),
     ("s32768-b1-recompute-c8", 32768, 1, dict(activation="recompute", micro_batch=1, chunks_per_layer=8)),
 ]
+# Leading units' optimizer state held on the GPU (Policy.gpu_state_units; Qwen3-4B has 38 units): from a few
+# units to all of them, across batch, sequence length and activation policy.
+GPU_STATE_RUNS: list[tuple[str, int, int, dict]] = [
+    ("s4096-b1-keep-c4-g38", 4096, 1, dict(activation="keep", micro_batch=1, chunks_per_layer=4, gpu_state_units=38)),
+    ("s4096-b2-recompute-c4-g20", 4096, 2, dict(activation="recompute", micro_batch=2, chunks_per_layer=4,
+                                                  gpu_state_units=20)),
+    ("s4096-b4-recompute-c8-g12", 4096, 4, dict(activation="recompute", micro_batch=4, chunks_per_layer=8,
+                                                  gpu_state_units=12)),
+    ("s4096-b8-offload-c8-g28", 4096, 8, dict(activation="offload", micro_batch=8, chunks_per_layer=8,
+                                                gpu_state_units=28)),
+    ("s2048-b4-keep-c4-g8", 2048, 4, dict(activation="keep", micro_batch=4, chunks_per_layer=4, gpu_state_units=8)),
+    ("s8192-b1-recompute-c4-g30", 8192, 1, dict(activation="recompute", micro_batch=1, chunks_per_layer=4,
+                                                  gpu_state_units=30)),
+    ("s4096-b16-recompute-c2-g38", 4096, 16, dict(activation="recompute", micro_batch=16, chunks_per_layer=2,
+                                                    gpu_state_units=38)),
+    ("s16384-b1-recompute-c8-g16", 16384, 1, dict(activation="recompute", micro_batch=1, chunks_per_layer=8,
+                                                    gpu_state_units=16)),
+]
+SETS = {"host": RUNS, "gpu_state": GPU_STATE_RUNS, "all": RUNS + GPU_STATE_RUNS}
 
 
 def log(msg: str) -> None:
@@ -53,7 +73,10 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=3, help="steps per run; the first is warm-up")
     p.add_argument("--device", default="cuda")
     p.add_argument("--deadline", type=float, default=1e9, help="start no run after this many seconds")
-    p.add_argument("--only", nargs="*", help="labels to run (default: all)")
+    p.add_argument("--only", nargs="*", help="labels to run (default: all of the set)")
+    p.add_argument("--set", choices=sorted(SETS), default="host",
+                   help="host: every optimizer state on the host (default); gpu_state: leading units held on the "
+                        "GPU; all: both")
     p.add_argument("--out", default="validation")
     args = p.parse_args()
     out = Path(args.out)
@@ -62,14 +85,15 @@ def main() -> int:
     start = time.perf_counter()
     hw = load_hardware(args.profile)
     sm = StreamingModel.open(args.model, Device(args.device), log)
-    selected = [r for r in RUNS if not args.only or r[0] in args.only]
+    selected = [r for r in SETS[args.set] if not args.only or r[0] in args.only]
     with (out / "results.jsonl").open("a") as results:
         for label, seq, batch, fields in selected:
             if time.perf_counter() - start > args.deadline:
                 log(f"{label}: not run (deadline)")
                 results.write(json.dumps({"label": label, "status": "not run (deadline)"}) + "\n")
                 continue
-            policy = Policy(**fields)
+            units = sm.spec.layers + 2  # a smaller model (the CPU test's) holds at most all of its units
+            policy = Policy(**{**fields, "gpu_state_units": min(fields.get("gpu_state_units", 0), units)})
             try:
                 row, trace = measure_policy(sm, hw, policy, seq, batch, args.steps)
             except torch.OutOfMemoryError as exc:

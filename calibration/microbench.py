@@ -5,7 +5,8 @@ torch's fused AdamW otherwise) and the fp32 -> bf16 cast, each against thread co
 chunk size with bf16 and with fp32 gradients (per-call overhead + rate fits). GPU (when present): pinned
 H2D/D2H time against transfer size (latency + bandwidth fit), both directions at once, aggregate bandwidth
 with several streams and several GPUs copying at once, and NCCL all-gather / reduce-scatter across the
-GPUs of this host; one decoder layer's forward and backward against tokens and sequence length.
+GPUs of this host; one decoder layer's forward and backward against tokens and sequence length; the
+runtime's AdamW on GPU-held state (``Policy.gpu_state_units``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Measurements:
     collectives: dict[str, dict[int, float]] = field(default_factory=dict)  # op -> bytes per rank -> seconds
     # (model, seq, tokens, forward seconds, backward seconds) per sample; models may differ
     layer: list[tuple[str, int, int, float, float]] = field(default_factory=list)
+    gpu_adam_gparams_per_s: float | None = None
     report: dict = field(default_factory=dict)
 
 
@@ -182,8 +184,29 @@ def gpu_benchmarks(m: Measurements, quick: bool, progress: Progress | None = Non
     if progress:
         progress(len(sizes) + 1, len(sizes) + 2)
     collective_benchmarks(m, quick)
+    gpu_adam_benchmark(m, quick)
     if progress:
         progress(len(sizes) + 2, len(sizes) + 2)
+
+
+def gpu_adam_benchmark(m: Measurements, quick: bool) -> None:
+    """The runtime's update of GPU-held units (clip scale, fused AdamW, bf16 refresh) on 2^22 (quick) or 2^27
+    parameters split like decoder layers; HBM-bound, so one size gives the rate."""
+    from slidedp.runtime.gpu_state import GpuOptimizerState
+    from slidedp.runtime.optim import OptimConfig
+
+    n, pieces = (2**22, 4) if quick else (2**27, 8)
+    state = GpuOptimizerState.from_tensors([torch.randn(n // pieces, device="cuda") for _ in range(pieces)],
+                                           torch.bfloat16)
+    grads = [torch.randn_like(t) * 1e-3 for t in state.master]
+    cfg, step = OptimConfig(), [0]
+
+    def update() -> None:
+        step[0] += 1
+        state.update_all(grads, step[0], cfg.lr, cfg, 0.5)
+        torch.cuda.synchronize()
+    update()
+    m.gpu_adam_gparams_per_s = n / _median_time(update, 3 if quick else 10) / 1e9
 
 
 def concurrent_copy_benchmarks(m: Measurements, host: torch.Tensor, quick: bool) -> None:
@@ -271,6 +294,9 @@ def profile_from(base: HardwareProfile, m: Measurements) -> tuple[HardwareProfil
                                   "residual": fit.residual}
     if m.duplex_gbps:
         gpu = replace(gpu, duplex_gbps=m.duplex_gbps)
+    if m.gpu_adam_gparams_per_s:
+        gpu = replace(gpu, adam_gparams_per_s=m.gpu_adam_gparams_per_s)
+        report["gpu_adam_gparams_per_s"] = m.gpu_adam_gparams_per_s
     if m.layer:
         gpu, report["compute"] = compute_profile(gpu, m.layer)
     link, switches = base.link, base.switches

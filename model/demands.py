@@ -21,9 +21,11 @@ def _dma_floor(w: StepWorkload, usage: dict[str, float], caps: dict[str, float])
 class _Sums:
     """Per-rank sums over units that every closed form below is built from."""
 
-    total_params: float
+    total_params: float  # parameters updated on the host (GPU-state units excluded)
     fetched_params: float  # forward fetch plus backward re-fetch of units not resident at the turnaround
     fetch_ops: int
+    host_units: int  # units whose gradients leave the GPU
+    allreduce_bytes: float  # per rank, GPU-state units' gradients
     ckpt_bytes: float
     ckpt_ops: int
     compute_s: float
@@ -32,20 +34,24 @@ class _Sums:
 
 
 def _sums(w: StepWorkload) -> _Sums:
-    total = fetched = ckpt = compute = fwd_flops = bwd_flops = 0.0
-    fetch_ops = ckpt_ops = 0
+    total = fetched = ckpt = compute = fwd_flops = bwd_flops = allreduce = 0.0
+    fetch_ops = ckpt_ops = host_units = 0
     for u, unit in enumerate(w.units):
-        fetches = 1 if w.resident_in_backward(u) else 2
-        total += unit.params
-        fetched += fetches * unit.params
-        fetch_ops += fetches
-        compute += unit.fwd_s + unit.bwd_s
+        compute += unit.fwd_s + unit.bwd_s + w.gpu_adam_s(u)
+        if w.gpu_state(u):
+            allreduce += w.allreduce_bytes(u)
+        else:
+            fetches = 1 if w.resident_in_backward(u) else 2
+            total += unit.params
+            fetched += fetches * unit.params
+            fetch_ops += fetches
+            host_units += 1
         fwd_flops += unit.fwd_flops
         bwd_flops += unit.bwd_flops
         if w.offloads_checkpoint(u):
             ckpt += unit.checkpoint_bytes
             ckpt_ops += 1
-    return _Sums(total, fetched, fetch_ops, ckpt, ckpt_ops, compute, fwd_flops, bwd_flops)
+    return _Sums(total, fetched, fetch_ops, host_units, allreduce, ckpt, ckpt_ops, compute, fwd_flops, bwd_flops)
 
 
 def _cpu_bytes_per_param(w: StepWorkload) -> tuple[float, float, float]:
@@ -65,19 +71,19 @@ def op_totals(w: StepWorkload) -> dict[str, dict[str, float]]:
     def row(nbytes: float, host: float | None = None, flops: float = 0.0) -> dict[str, float]:
         return {"bytes": nbytes, "host_bytes": nbytes if host is None else host, "flops": flops}
 
-    totals = {
-        "h2d_param": row(n * w.h2d_param_factor * s.fetched_params),
-        "d2h_grad": row(n * w.d2h_grad_factor * s.total_params),
-        "adam": row(adam_b * s.total_params),
-        "fwd": row(0.0, 0.0, n * s.fwd_flops),
-        "bwd": row(0.0, 0.0, n * s.bwd_flops),
-    }
+    totals = {"fwd": row(0.0, 0.0, n * s.fwd_flops), "bwd": row(0.0, 0.0, n * s.bwd_flops)}
+    if not s.host_units:  # every unit's state is on the GPU: nothing crosses PCIe or touches the CPU
+        reduce_b = cast_b = 0.0
+    else:
+        totals["h2d_param"] = row(n * w.h2d_param_factor * s.fetched_params)
+        totals["d2h_grad"] = row(n * w.d2h_grad_factor * s.total_params)
+        totals["adam"] = row(adam_b * s.total_params)
     if cast_b:  # no separate cast pass when the optimizer kernel writes the bf16 copy (HostSpec.fused_cast)
         totals["cast"] = row(cast_b * s.total_params)
-    if w.allgather_factor:
+    if w.allgather_factor and s.host_units:
         ag = n * w.allgather_factor * s.fetched_params
         totals["allgather"] = row(ag, ag * k_host)
-    if w.reduce_scatter_factor:
+    if w.reduce_scatter_factor and s.host_units:
         rs = n * w.reduce_scatter_factor * s.total_params
         totals["reduce_scatter"] = row(rs, rs * k_host)
     if s.ckpt_ops:
@@ -85,6 +91,11 @@ def op_totals(w: StepWorkload) -> dict[str, dict[str, float]]:
         totals["h2d_ckpt"] = row(n * s.ckpt_bytes)
     if reduce_b:
         totals["cpu_reduce"] = row(reduce_b * s.total_params)
+    if s.allreduce_bytes:
+        ar = n * s.allreduce_bytes
+        totals["allreduce"] = row(ar, ar * k_host)
+    if w.policy.gpu_state_units:
+        totals["gpu_adam"] = row(0.0, 0.0)
     return totals
 
 
@@ -99,9 +110,11 @@ def resource_demands(w: StepWorkload) -> dict[str, float]:
     h2d_bytes = w.h2d_param_factor * s.fetched_params + s.ckpt_bytes
     h2d_ops = s.fetch_ops * c + s.ckpt_ops
     d2h_bytes = w.d2h_grad_factor * s.total_params + s.ckpt_bytes
-    d2h_ops = w.num_units * c + s.ckpt_ops
-    link_bytes = w.allgather_factor * s.fetched_params + w.reduce_scatter_factor * s.total_params
-    link_ops = (s.fetch_ops * c if w.allgather_factor else 0) + (w.num_units * c if w.reduce_scatter_factor else 0)
+    d2h_ops = s.host_units * c + s.ckpt_ops
+    link_bytes = (w.allgather_factor * s.fetched_params + w.reduce_scatter_factor * s.total_params
+                  + s.allreduce_bytes)
+    link_ops = ((s.fetch_ops * c if w.allgather_factor else 0) + (s.host_units * c if w.reduce_scatter_factor else 0)
+                + (w.policy.gpu_state_units if s.allreduce_bytes else 0))
     cpu_host_bytes = (reduce_b + adam_b + cast_b) * s.total_params
     cpu_time = cpu_sec * s.total_params
     compute = s.compute_s

@@ -26,6 +26,7 @@ class MemoryEstimate:
     gpu_activations: float
     gpu_loss: float
     gpu_reserve: float
+    gpu_optimizer: float  # fp32 master, m, v and the fp32 gradient of the GPU-state units
     host_state: float
     host_staging: float
     host_activations: float
@@ -33,7 +34,8 @@ class MemoryEstimate:
 
     @property
     def gpu_peak(self) -> float:
-        return self.gpu_weights + self.gpu_grads + self.gpu_activations + self.gpu_loss + self.gpu_reserve
+        return (self.gpu_weights + self.gpu_grads + self.gpu_activations + self.gpu_loss + self.gpu_reserve
+                + self.gpu_optimizer)
 
     @property
     def gpu_allocated_peak(self) -> float:
@@ -71,14 +73,19 @@ def _window_max(values: list[float], depth: int) -> float:
 def estimate_memory(w: StepWorkload) -> MemoryEstimate:
     m, pol, units = w.model, w.policy, w.units
     depth = pol.prefetch_depth
-    streamed = [BF16_BYTES * u.params if not u.pinned else 0.0 for u in units]
-    pinned = sum(BF16_BYTES * u.params for u in units if u.pinned)
+    on_gpu = [w.gpu_state(i) for i in range(len(units))]
+    stays = [u.pinned or g for u, g in zip(units, on_gpu, strict=True)]
+    streamed = [0.0 if keep else BF16_BYTES * u.params for u, keep in zip(units, stays, strict=True)]
+    pinned = sum(BF16_BYTES * u.params for u, keep in zip(units, stays, strict=True) if keep)
     weights = _window_max(streamed, depth) + pinned
 
     accum_bytes = 4 if (pol.accumulation > 1 or pol.grad_dtype == "fp32") else pol.grad_bytes
-    grad_out = [pol.grad_bytes * u.params if not u.pinned else 0.0 for u in units]
+    grad_out = [0.0 if keep else pol.grad_bytes * u.params for u, keep in zip(units, stays, strict=True)]
     grads = _window_max(grad_out, depth) + max(accum_bytes * u.params for u in units)
-    grads += sum(4 * u.params for u in units if u.pinned)  # tied matrix accumulates head + lookup grads
+    # The tied matrix accumulates head + lookup gradients in fp32 (counted below when it is a GPU-state unit).
+    grads += sum(4 * u.params for u, g in zip(units, on_gpu, strict=True) if u.pinned and not g)
+    # GPU-state units hold fp32 master, m, v all step and their fp32 gradient from backward to the update.
+    optimizer = sum(16 * u.params for u, g in zip(units, on_gpu, strict=True) if g)
     if pol.grad_route == "reduce_scatter" and w.ranks > 1:
         # The runtime's reduce-scatter output (this rank's fp32 shards of a unit) and one padded chunk input.
         largest_unit = max(u.params for u in units)
@@ -104,8 +111,8 @@ def estimate_memory(w: StepWorkload) -> MemoryEstimate:
     host_acts = w.ranks * m.layers * ckpt if pol.activation == "offload" else 0.0
     return MemoryEstimate(
         gpu_weights=weights, gpu_grads=grads, gpu_activations=acts, gpu_loss=loss,
-        gpu_reserve=w.hw.gpu.reserve_gib * GIB, host_state=state_per_param * params, host_staging=staging,
-        host_activations=host_acts, params=params,
+        gpu_reserve=w.hw.gpu.reserve_gib * GIB, gpu_optimizer=optimizer, host_state=state_per_param * params,
+        host_staging=staging, host_activations=host_acts, params=params,
     )
 
 
@@ -116,6 +123,7 @@ def memory_shortfalls(mem: MemoryEstimate, gpu_budget: float, host_budget: float
         problems.append(f"GPU peak {mem.gpu_peak / GIB:.1f} GiB exceeds the budget of {gpu_budget / GIB:.1f} GiB "
                         f"(weights {mem.gpu_weights / GIB:.1f}, grads {mem.gpu_grads / GIB:.1f}, "
                         f"activations {mem.gpu_activations / GIB:.1f}, loss {mem.gpu_loss / GIB:.1f}, "
+                        f"optimizer state {mem.gpu_optimizer / GIB:.1f}, "
                         f"reserve {mem.gpu_reserve / GIB:.1f})")
     if mem.host_total > host_budget:
         problems.append(f"host memory {mem.host_total / GIB:.1f} GiB exceeds the limit of {host_budget / GIB:.1f} GiB")

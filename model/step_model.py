@@ -65,14 +65,19 @@ class _Recurrence:
         if w.hw.link.kind != "nvlink":
             coll_bw = min(coll_bw, caps["h2d[0]"], caps["d2h[0]"], caps["pcie[0]"] / 2)
         units = w.units
-        params = [u.params for u in units]
+        self.gpu_state = [w.gpu_state(u) for u in range(len(units))]
+        # GPU-state units move nothing over PCIe and cost the CPU nothing: zero host-side parameters.
+        params = [0 if g else u.params for u, g in zip(units, self.gpu_state, strict=True)]
         c = self.c
         k_h2d, k_ag, k_d2h, k_rs = w.h2d_param_factor, w.allgather_factor, w.d2h_grad_factor, w.reduce_scatter_factor
         lat_link = w.link_latency
-        self.h2d = [c * lat + k_h2d * p / h2d_bw for p in params]
-        self.ag = [c * lat_link + k_ag * p / coll_bw if k_ag else 0.0 for p in params]
-        self.rs = [c * lat_link + k_rs * p / coll_bw if k_rs else 0.0 for p in params]
-        self.d2h = [c * lat + k_d2h * p / d2h_bw for p in params]
+        self.h2d = [c * lat + k_h2d * p / h2d_bw if p else 0.0 for p in params]
+        self.ag = [c * lat_link + k_ag * p / coll_bw if k_ag and p else 0.0 for p in params]
+        self.rs = [c * lat_link + k_rs * p / coll_bw if k_rs and p else 0.0 for p in params]
+        self.d2h = [c * lat + k_d2h * p / d2h_bw if p else 0.0 for p in params]
+        self.allreduce = [lat_link + w.allreduce_bytes(u) / coll_bw if w.allreduce_bytes(u) else 0.0
+                          for u in range(len(units))]
+        self.gpu_adam = [w.gpu_adam_s(u) for u in range(len(units))]
         offl = [w.offloads_checkpoint(u.index) for u in units]
         self.ckpt_out = [lat + u.checkpoint_bytes / d2h_bw if o else 0.0 for u, o in zip(units, offl, strict=True)]
         self.ckpt_in = [lat + u.checkpoint_bytes / h2d_bw if o else 0.0 for u, o in zip(units, offl, strict=True)]
@@ -102,10 +107,10 @@ class _Recurrence:
         self.host_h2d = [n * k_h2d * p for p in params]
         self.host_d2h = [n * k_d2h * p for p in params]
         self.host_ag = [n * k_ag * k_host * p for p in params]
-        self.host_rs = [n * k_rs * k_host * p for p in params]
+        self.host_rs = [n * k_rs * k_host * p + n * w.allreduce_bytes(u) * k_host for u, p in enumerate(params)]
         # PCIe bytes (all ranks) of collectives that bounce through host memory (no peer access).
         self.pcie_ag = [n * k_ag * k_pcie * p for p in params]
-        self.pcie_rs = [n * k_rs * k_pcie * p for p in params]
+        self.pcie_rs = [n * k_rs * k_pcie * p + n * w.allreduce_bytes(u) * k_pcie for u, p in enumerate(params)]
         self.host_ckpt = [n * u.checkpoint_bytes if o else 0.0 for u, o in zip(units, offl, strict=True)]
 
     def _pipelined(self, free: float, prev_start: float, prev_dur: float, prev_end: float, dur: float,
@@ -173,9 +178,10 @@ class _Recurrence:
 
         if schedule == "next_forward":
             updates_in_order(0.0)
+        gpu_state = self.gpu_state
         for u in range(nu):
             gate = fwd_end[u - depth] if u >= depth else 0.0
-            ready, why = deliver(u, gate, schedule == "next_forward")
+            ready, why = (gpu, "bubble") if gpu_state[u] else deliver(u, gate, schedule == "next_forward")
             wait(ready, why)
             gpu = fwd_end[u] = (gpu if gpu > ready else ready) + fwd_s[u]
             if ckpt_out[u]:
@@ -195,6 +201,11 @@ class _Recurrence:
                 ready, why = grad_end[later], "d2h"
             wait(ready, why)
             gpu = bwd_end[u] = (gpu if gpu > ready else ready) + bwd_s[u]
+            if gpu_state[u]:  # the gradient stays on the GPU (all-reduced across ranks)
+                if self.allreduce[u]:
+                    rs = max(rs, gpu) + self.allreduce[u]
+                grad_end[u] = rs if self.allreduce[u] else gpu
+                continue
             rs_start = gpu
             if rs_t[u]:
                 rs_start = max(rs, gpu)
@@ -203,6 +214,8 @@ class _Recurrence:
             d2h = grad_end[u]
             if schedule == "as_ready":
                 update(u, ds, d2h_t[u], grad_end[u])
+        if any(gpu_state):  # AdamW of the GPU-held units once every gradient (and the norm) is in
+            gpu = max(gpu, max(grad_end[u] for u in range(nu) if gpu_state[u])) + sum(self.gpu_adam)
         gpu_done = gpu
         if schedule == "after_backward":
             updates_in_order(max(d2h, gpu))
@@ -219,7 +232,7 @@ class _Recurrence:
         resident = [w.resident_in_backward(u) for u in range(nu)]
         fwd_host = sum(self.host_h2d) + sum(self.host_ag) + sum(self.host_ckpt)
         fwd_pcie = sum(self.host_h2d) + sum(self.host_ckpt) + sum(self.pcie_ag)
-        refetch = [u for u in range(nu) if not resident[u]]
+        refetch = [u for u in range(nu) if not resident[u]]  # GPU-state units are resident
         bwd_host = (sum(self.host_h2d[u] + self.host_ag[u] for u in refetch) + sum(self.host_ckpt)
                     + sum(self.host_d2h) + sum(self.host_rs))
         bwd_pcie = (sum(self.host_h2d[u] + self.pcie_ag[u] for u in refetch) + sum(self.host_ckpt)
@@ -250,7 +263,7 @@ def estimate_step(w: StepWorkload, with_memory: bool = True) -> StepEstimate:
     demands = resource_demands(w)
     bound = max(demands.values())
     step = max(total, bound)
-    compute = sum(u.fwd_s + u.bwd_s for u in w.units)
+    compute = sum(u.fwd_s + u.bwd_s + w.gpu_adam_s(i) for i, u in enumerate(w.units))
     if step > total:
         exposure["bubble"] += step - total
     return StepEstimate(

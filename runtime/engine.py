@@ -8,7 +8,8 @@ Order of work, per step (layer-major: each unit is streamed once for all micro-b
   backward - for each unit in reverse: re-fetch it unless it is still resident, recompute (or replay the
              kept graph), accumulate fp32 gradients over micro-batches, add the squared norm, cast, and
              copy the gradient chunk by chunk into the host slot on the D2H stream.
-  update   - AdamW per chunk on the CPU worker, by the policy's schedule (see slidedp.policy.Policy).
+  update   - AdamW per chunk on the CPU worker, by the policy's schedule (see slidedp.policy.Policy); the
+             leading ``gpu_state_units`` never leave the GPU and are updated there once the norm is known.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from slidedp.policy import Policy
 from slidedp.runtime.comm import Comm, shard_bounds
 from slidedp.runtime.cpu_adam import fused_kernel, fused_kernel_error
 from slidedp.runtime.device import Device
+from slidedp.runtime.gpu_state import GpuOptimizerState
 from slidedp.runtime.hf_adapter import ModelAdapter, UnitLayout
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig, adamw_chunk_, clip_coefficient, lr_at
@@ -89,8 +91,9 @@ class _Step:
 class _DeviceUnit:
     """A unit's weights on the device: one flat tensor and per-parameter views of it."""
 
-    def __init__(self, layout: UnitLayout, flat: torch.Tensor):
+    def __init__(self, layout: UnitLayout, flat: torch.Tensor, persistent: bool = False):
         self.layout, self.flat = layout, flat
+        self.persistent = persistent  # a GPU-state unit's weights: never released
         self.ready = None  # event: all chunks arrived
         self.leaves: dict[str, torch.Tensor] | None = None  # kept-graph leaves (activation policy keep)
 
@@ -139,7 +142,13 @@ class StreamingEngine:
         self._scratch = torch.empty(largest_chunk, dtype=torch.float32)  # the optimizer worker's fp32 gradient
         self._sim_units = build_units(spec, _dummy_gpu(), policy.activation, policy.micro_batch, policy.accumulation,
                                       seq)
-        self._resident = resident_in_backward(self._sim_units, policy.prefetch_depth)
+        if policy.gpu_state_units > len(self.units):
+            raise SlideDPError(f"policy.gpu_state_units {policy.gpu_state_units} exceeds the model's "
+                               f"{len(self.units)} units")
+        self._gpu = GpuOptimizerState(self.units, policy.gpu_state_units, device.torch_device, compute_dtype)
+        self._gpu_units: dict[int, _DeviceUnit] = {}
+        self._gpu_grads: dict[int, torch.Tensor] = {}  # this step's fp32 gradients of the GPU-state units
+        self._resident = resident_in_backward(self._sim_units, policy.prefetch_depth, policy.gpu_state_units)
 
     # ---- CPU updates ----------------------------------------------------------------------------------------
     def _chunks(self, u: int) -> list[tuple[int, int]]:
@@ -152,10 +161,10 @@ class StreamingEngine:
         return [(u * self.policy.chunks_per_layer + c) % self.comm.world]
 
     def _owned_range(self, u: int, c: int) -> tuple[int, int] | None:
-        """This rank's part of chunk ``c`` of unit ``u`` in the flat state, or None."""
+        """This rank's part of chunk ``c`` of unit ``u`` in the flat state, or None (GPU-state units: always)."""
         unit, (a, b) = self.units[u], self._chunks(u)[c]
         comm = self.comm
-        if comm.rank not in self._owners(u, c):
+        if u < len(self._gpu) or comm.rank not in self._owners(u, c):
             return None
         if self.policy.grad_route == "reduce_scatter" and comm.active:
             bounds = shard_bounds(a, b, comm.world)
@@ -202,11 +211,22 @@ class StreamingEngine:
                     self.worker.submit((u, c), (lr, coef, step))
 
     def flush(self) -> None:
-        """Apply deferred updates now (before a checkpoint, an export, or the end of training)."""
+        """Apply deferred updates now and write GPU-held state back (before a checkpoint, an export, or the
+        end of training): afterwards the host state is complete."""
         if self._pending is not None:
             self._submit_all(*self._pending)
             self._pending = None
         self.worker.wait_all()
+        if self._gpu.loaded_step is not None and self.comm.rank == 0:
+            self._gpu.write_back(self.host)
+        self.comm.barrier()
+
+    def _sync_gpu_state(self) -> None:
+        """(Re)load the GPU-held units from the host state when it is not what the replica was built from."""
+        if len(self._gpu) and self._gpu.loaded_step != self.host.step:
+            self._gpu.load(self.host, self.host.step)
+            self._gpu_units = {u: _DeviceUnit(self.units[u], w, persistent=True)
+                               for u, w in enumerate(self._gpu.weights)}
 
     def _await_update(self, u: int, c: int) -> None:
         self.worker.wait((u, c))
@@ -250,6 +270,9 @@ class StreamingEngine:
         return into
 
     def _release(self, du: _DeviceUnit) -> None:
+        if du.persistent:  # GPU-state weights stay; only this step's kept-graph leaves go
+            du.leaves = None
+            return
         if du.leaves is not None:  # kept graphs reference these views: free the memory, keep the tensors
             du.flat.untyped_storage().resize_(0)
         else:
@@ -321,7 +344,8 @@ class StreamingEngine:
 
     def _ensure(self, st: _Step, u: int) -> _DeviceUnit:
         if u not in st.live:
-            st.live[u] = self._fetch(u, st.released.pop(u, None))
+            held = self._gpu_units.get(u)
+            st.live[u] = held if held is not None else self._fetch(u, st.released.pop(u, None))
         return st.live[u]
 
     def step(self, tokens: torch.Tensor, total_tokens: int | None = None) -> StepStats:
@@ -335,6 +359,7 @@ class StreamingEngine:
         if self._pending is not None:
             self._submit_all(*self._pending)
             self._pending = None
+        self._sync_gpu_state()
         st = self._new_step(tokens.to(dev.torch_device), 1.0 / (total_tokens or n_seq * self.seq))
         n_units, depth = len(self.units), pol.prefetch_depth
         for u in range(n_units):
@@ -359,6 +384,8 @@ class StreamingEngine:
             pe = self.rotary(torch.empty(1, dtype=self.cdt, device=device), pos)
         zeros = lambda n: torch.zeros(n, dtype=torch.float32, device=device)  # noqa: E731
         self._cpu_norm_sq = 0.0
+        self._gpu_norm_sq = zeros(())
+        self._gpu_grads = {}
         return _Step(ids=[tokens[i:i + mb, :-1] for i in range(0, n_seq, mb)],
                      labels=[tokens[i:i + mb, 1:] for i in range(0, n_seq, mb)], pos=pos, pe=pe,
                      inv_tokens=inv_tokens, norm_sq=zeros(()), loss_total=zeros(()),
@@ -473,10 +500,13 @@ class StreamingEngine:
             norm_sq = comm.all_reduce_(torch.tensor(self._cpu_norm_sq, dtype=torch.float64))
         elif comm.active:  # each rank holds the norm of its reduced shards
             norm_sq = comm.all_reduce_(norm_sq)
-        norm = math.sqrt(float(norm_sq.item()))
+        # GPU-state gradients were all-reduced whole: every rank already holds the same norm of them.
+        gpu_norm_sq = float(self._gpu_norm_sq.item()) if self._gpu_grads else 0.0
+        norm = math.sqrt(float(norm_sq.item()) + gpu_norm_sq)
         loss = float(comm.all_reduce_(st.loss_total.to(torch.float64).cpu()).item())
         skipped = not math.isfinite(norm)
         if skipped:
+            self._gpu_grads = {}  # GPU-held units keep their weights: their update simply does not happen
             self.worker.wait_all()
             for u in range(len(self.units)):  # the slots hold this step's gradients: restore the weights
                 for c in range(len(self._chunks(u))):
@@ -487,6 +517,12 @@ class StreamingEngine:
             return loss, norm, True
         host.step += 1
         coef = clip_coefficient(self.optim, norm)
+        if self._gpu_grads:
+            with self.recorder.span("gpu", "gpu_adam", 0):
+                self._gpu.update_all([self._gpu_grads[u] for u in range(len(self._gpu))], host.step, lr, self.optim,
+                                     coef)
+            self._gpu.loaded_step = host.step
+            self._gpu_grads = {}
         if pol.update_schedule == "next_forward":
             self._pending = (lr, coef, host.step)
         elif pol.update_schedule == "after_backward":
@@ -504,6 +540,14 @@ class StreamingEngine:
         if self.poison_next_gradient:
             gflat.fill_(float("nan"))
             self.poison_next_gradient = False
+        if u < len(self._gpu):  # stays on the GPU: reduce over ranks, add to the norm, update in _finish
+            if comm.active:
+                with self.recorder.span("link", "allreduce", u, nbytes=2 * gflat.numel() * gflat.element_size()
+                                        * (comm.world - 1) / comm.world):
+                    comm.all_reduce_(gflat)
+            self._gpu_norm_sq += torch.linalg.vector_norm(gflat).square()
+            self._gpu_grads[u] = gflat
+            return
         per_rank = comm.active and self.policy.grad_route == "per_rank"
         if comm.active and not per_rank:
             with self.recorder.span("link", "reduce_scatter", u, nbytes=gflat.numel() * gflat.element_size()
@@ -572,6 +616,8 @@ class StreamingEngine:
         comm.barrier()  # the landing buffers may be reused
 
     def close(self) -> None:
+        self._gpu.release()
+        self._gpu_units, self._gpu_grads = {}, {}
         self.worker.close()
         self.worker = None  # break the engine <-> worker cycle so the host state can be freed at once
 

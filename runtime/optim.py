@@ -65,6 +65,13 @@ def adamw_chunk_(master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor
         g = grad.to(torch.float32, copy=True)
     if grad_scale != 1.0:
         g.mul_(grad_scale)
-    step_t = torch.tensor(float(step))
-    torch._fused_adamw_([master], [g], [exp_avg], [exp_avg_sq], [], [step_t], lr=lr, beta1=cfg.beta1,
+    adamw_tensors_([master], [g], [exp_avg], [exp_avg_sq], step, lr, cfg)
+
+
+def adamw_tensors_(masters: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                   exp_avg_sqs: list[torch.Tensor], step: int, lr: float, cfg: OptimConfig) -> None:
+    """torch's fused AdamW over lists of fp32 tensors on one device (already-scaled gradients): one
+    multi-tensor launch for all GPU-held units, one fused loop for a CPU chunk."""
+    steps = [torch.tensor(float(step), device=masters[0].device) for _ in masters]
+    torch._fused_adamw_(masters, grads, exp_avgs, exp_avg_sqs, [], steps, lr=lr, beta1=cfg.beta1,
                         beta2=cfg.beta2, weight_decay=cfg.weight_decay, eps=cfg.eps, amsgrad=False, maximize=False)

@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--chunks", type=positive_int, nargs="+", help="chunks per layer to try (default 1 2 4 8 16)")
     tune.add_argument("--no-clip", action="store_true",
                       help="training will not clip the global gradient norm (allows the as_ready schedule)")
+    tune.add_argument("--no-gpu-state", action="store_true",
+                      help="keep all optimizer state on the host (do not try policy.gpu_state_units)")
     tune.add_argument("--top-k", type=positive_int, default=6, help="candidates refined with the simulator (default 6)")
     tune.add_argument("--out", default="policy.yaml", help="where to write the winning policy (default policy.yaml)")
     tune.add_argument("--table", help="ranked table CSV (default: <out>_ranked.csv)")

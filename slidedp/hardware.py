@@ -68,6 +68,9 @@ class GPUSpec:
     # flash-attention's backward recomputes the softmax and runs nearer 2.5x (fitted by slidedp calibrate).
     backward_linear_ratio: float = 2.0
     backward_attention_ratio: float = 2.0
+    # AdamW on GPU-held state (policy.gpu_state_units), clip and bf16 copy included: HBM-bound, so about
+    # HBM bandwidth / 40 bytes per parameter (fitted by slidedp calibrate).
+    adam_gparams_per_s: float = 50.0
 
     def __post_init__(self) -> None:
         _positive("gpu", memory_gib=self.memory_gib, h2d_gbps=self.h2d_gbps, d2h_gbps=self.d2h_gbps,
@@ -78,7 +81,8 @@ class GPUSpec:
         if self.reserve_gib < 0 or self.reserve_gib >= self.memory_gib:
             raise SlideDPError("gpu.reserve_gib must be >= 0 and below memory_gib")
         _positive("gpu", backward_linear_ratio=self.backward_linear_ratio,
-                  backward_attention_ratio=self.backward_attention_ratio)
+                  backward_attention_ratio=self.backward_attention_ratio,
+                  adam_gparams_per_s=self.adam_gparams_per_s)
 
     def linear_time(self, flops: float, tokens: float) -> float:
         efficiency = tokens / (tokens + self.half_efficiency_tokens) if tokens > 0 else 1.0

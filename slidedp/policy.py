@@ -42,6 +42,11 @@ class Policy:
     micro_batch x accumulation sequences per rank per step; layers are streamed once per step for
         all micro-batches (layer-major order), so accumulation does not multiply PCIe traffic.
     adam_threads: CPU threads of each rank's optimizer worker (None: cores split evenly by rank).
+    gpu_state_units: the first k units in forward order (embedding, then decoder layers) keep their
+        bf16 weights, fp32 master weights and Adam moments on the GPU and are updated there once the
+        global norm is known: no H2D, D2H or CPU AdamW for them. Spare GPU memory thus buys back CPU
+        and PCIe time; the host state still holds every parameter (written back at checkpoints), and
+        every rank keeps its own replica, all-reducing those units' gradients.
     """
 
     param_route: ParamRoute = "sharded"
@@ -55,12 +60,16 @@ class Policy:
     grad_dtype: Literal["bf16", "fp32"] = "bf16"
     update_schedule: UpdateSchedule = "next_forward"
     loss_chunk_tokens: int = 4096
+    gpu_state_units: int = 0
 
     def __post_init__(self) -> None:
         for name in ("chunks_per_layer", "prefetch_depth", "micro_batch", "accumulation", "loss_chunk_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SlideDPError(f"policy.{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.gpu_state_units, int) or isinstance(self.gpu_state_units, bool) \
+                or self.gpu_state_units < 0:
+            raise SlideDPError(f"policy.gpu_state_units must be a non-negative integer, got {self.gpu_state_units!r}")
         if self.adam_threads is not None and self.adam_threads < 1:
             raise SlideDPError(f"policy.adam_threads must be a positive integer, got {self.adam_threads!r}")
         for name, allowed in (("param_route", PARAM_ROUTES), ("grad_route", GRAD_ROUTES),

@@ -72,6 +72,8 @@ class _Builder:
     # ---- CPU optimizer jobs ---------------------------------------------------------------------------
     def update_chunk(self, u: int, c: int, deps_of_rank) -> None:
         w, plan = self.w, self.plan
+        if w.gpu_state(u):  # updated on the GPU at the end of the step (gpu_updates)
+            return
         finished = []
         for rank, params in w.update_owners(u, c):
             deps = list(deps_of_rank(rank))
@@ -102,6 +104,8 @@ class _Builder:
         """H2D (and all-gather) of every chunk of unit ``u`` to every rank; returns delivery ops per rank."""
         w, plan = self.w, self.plan
         delivered: dict[int, list[int]] = {r: [] for r in range(self.n)}
+        if w.gpu_state(u):  # its weights never leave the GPU
+            return delivered
         for c in range(self.c):
             h2d_ids = []
             for r in range(self.n):
@@ -176,7 +180,7 @@ class _Builder:
                                             chunk=-1, amount=unit.bwd_s, flops=unit.bwd_flops, host_bytes=0.0,
                                             deps=deps)
             self.gradients_out(u)
-            if w.policy.update_schedule == "as_ready":
+            if w.policy.update_schedule == "as_ready" and not w.gpu_state(u):
                 for c in range(self.c):
                     self.update_chunk(u, c, self._landed_deps(u, c))
 
@@ -189,6 +193,9 @@ class _Builder:
 
     def gradients_out(self, u: int) -> None:
         w, plan = self.w, self.plan
+        if w.gpu_state(u):
+            self.gpu_gradient(u)
+            return
         rs_bytes = w.reduce_scatter_bytes(u)
         for c in range(self.c):
             ready = {r: self.bwd[(u, r)] for r in range(self.n)}
@@ -207,6 +214,34 @@ class _Builder:
                     amount=nbytes, flops=0.0, host_bytes=nbytes, deps=[ready[r]], usage=dma_usage(w.hw, r, "d2h"),
                     latency=w.pcie_latency)
 
+    def gpu_gradient(self, u: int) -> None:
+        """A GPU-state unit's gradient stays on the GPU; with several ranks it is all-reduced (one op per
+        unit, so every chunk slot of grad_out points at it)."""
+        w, plan = self.w, self.plan
+        nbytes = w.allreduce_bytes(u)
+        group = self._group() if nbytes > 0 else -1
+        for r in range(self.n):
+            done = self.bwd[(u, r)]
+            if nbytes > 0:
+                usage = collective_usage(w.hw, r)
+                done = plan.add(op="allreduce", rank=r, stream=f"rs[{r}]", resource=f"link[{r}]", unit=u, chunk=-1,
+                                amount=nbytes, flops=0.0, host_bytes=nbytes * usage.get("hostmem", 0.0),
+                                deps=[done], usage=usage, cap=w.collective_cap(), latency=w.link_latency,
+                                group=group)
+            for c in range(self.c):
+                self.grad_out[(u, c, r)] = done
+
+    def gpu_updates(self) -> None:
+        """AdamW of the GPU-state units on each GPU's compute stream, once its gradients are reduced."""
+        w, plan = self.w, self.plan
+        gpu_units = [u for u in range(self.u_count) if w.gpu_state(u)]
+        if not gpu_units:
+            return
+        seconds = sum(w.gpu_adam_s(u) for u in gpu_units)
+        for r in range(self.n):  # one multi-tensor launch for all of them, as the runtime issues it
+            plan.add(op="gpu_adam", rank=r, stream=f"gpu[{r}]", resource=f"gpu[{r}]", unit=0, chunk=-1,
+                     amount=seconds, flops=0.0, host_bytes=0.0, deps=[self.grad_out[(u, 0, r)] for u in gpu_units])
+
     def build(self) -> Plan:
         schedule = self.w.policy.update_schedule
         if schedule == "next_forward":
@@ -214,10 +249,12 @@ class _Builder:
             self.updates_in_forward_order(lambda rank: [])
         self.forward()
         self.backward()
-        if schedule == "after_backward":
+        self.gpu_updates()
+        if schedule == "after_backward":  # the runtime synchronises the device, then submits every update
             last = [max(self.grad_out[(u, c, r)] for u in range(self.u_count) for c in range(self.c))
                     for r in range(self.n)]
-            self.updates_in_forward_order(lambda rank: last)
+            final = [self.plan.streams[f"gpu[{r}]"][-1] for r in range(self.n)]
+            self.updates_in_forward_order(lambda rank: [last[rank], final[rank]])
         return self.plan
 
 

@@ -43,6 +43,9 @@ class TuneSpace:
     thread_fractions: tuple[float, ...] = (1.0, 0.5)
     # Global gradient-norm clipping rules out as_ready, which updates before the norm is known.
     clipping: bool = True
+    # Also try each policy with as many leading units' optimizer state on the GPU as the budget leaves room
+    # for (Policy.gpu_state_units); False keeps all optimizer state on the host.
+    gpu_state: bool = True
 
 
 @dataclass
@@ -114,11 +117,31 @@ def enumerate_policies(space: TuneSpace, hw: HardwareProfile, global_batch: int)
     return policies
 
 
+def most_gpu_state_units(model: ModelSpec, hw: HardwareProfile, policy: Policy, seq: int, global_batch: int,
+                         units: tuple[Unit, ...], gpu_budget: float) -> tuple[int, StepWorkload, MemoryEstimate] | None:
+    """The largest ``gpu_state_units`` (> 0) whose GPU peak fits the budget, with its workload and memory, or
+    None when not even the first unit fits. GPU memory grows with every unit held, so bisection finds it."""
+    def sized(k: int) -> tuple[StepWorkload, MemoryEstimate]:
+        w = StepWorkload(model, hw, policy.with_(gpu_state_units=k), seq, global_batch, units=units)
+        return w, estimate_memory(w)
+
+    lo, hi, best = 1, len(units), None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        w, mem = sized(mid)
+        if mem.gpu_peak <= gpu_budget:
+            best, lo = (mid, w, mem), mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
 def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, budget: Budget,
          space: TuneSpace | None = None, refine_top: int = 6, progress: Progress | None = None) -> TuneResult:
     """Best policy for the problem under ``budget``; raises SlideDPError naming the budget needed if none fits."""
     t0 = time.perf_counter()
-    policies = enumerate_policies(space or TuneSpace(), hw, global_batch)
+    space = space or TuneSpace()
+    policies = enumerate_policies(space, hw, global_batch)
     units_cache: dict[tuple, tuple[Unit, ...]] = {}
     feasible: list[Candidate] = []
     workloads: dict[int, StepWorkload] = {}
@@ -137,6 +160,12 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
         if mem.gpu_peak <= budget.gpu_bytes and mem.host_total <= budget.host_bytes:
             workloads[id(policy)] = w
             feasible.append(Candidate(policy, estimate_step(w, with_memory=False), mem))
+            held = (most_gpu_state_units(model, hw, policy, seq, global_batch, units_cache[key], budget.gpu_bytes)
+                    if space.gpu_state else None)
+            if held is not None:
+                _, w_held, mem_held = held
+                workloads[id(w_held.policy)] = w_held
+                feasible.append(Candidate(w_held.policy, estimate_step(w_held, with_memory=False), mem_held))
         if progress and i % 64 == 0:
             progress(i, total)
     if not feasible:

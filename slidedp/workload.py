@@ -24,9 +24,9 @@ FUSED_ADAM_HOST_BYTES = ADAM_HOST_BYTES_BASE + 2 + 2
 OP_CATEGORY: dict[str, str] = {
     "h2d_param": "h2d", "h2d_ckpt": "h2d",
     "d2h_grad": "d2h", "d2h_ckpt": "d2h",
-    "allgather": "collective", "reduce_scatter": "collective",
+    "allgather": "collective", "reduce_scatter": "collective", "allreduce": "collective",
     "cpu_reduce": "cpu", "adam": "cpu", "cast": "cpu",
-    "fwd": "compute", "bwd": "compute",
+    "fwd": "compute", "bwd": "compute", "gpu_adam": "compute",
 }
 EXPOSURE_CATEGORIES: tuple[str, ...] = ("h2d", "d2h", "collective", "cpu", "bubble")
 
@@ -132,11 +132,13 @@ def build_units(m: ModelSpec, gpu: GPUSpec, activation: str, micro_batch: int, a
 
 
 
-def resident_in_backward(units: tuple[Unit, ...], prefetch_depth: int) -> tuple[bool, ...]:
-    """Per unit, whether it is still on the GPU when backward starts (the last prefetch window, or pinned),
-    so its backward needs no re-fetch: the simulator's schedule and the runtime both follow this."""
+def resident_in_backward(units: tuple[Unit, ...], prefetch_depth: int,
+                         gpu_state_units: int = 0) -> tuple[bool, ...]:
+    """Per unit, whether it is still on the GPU when backward starts (the last prefetch window, pinned, or
+    one of the leading units whose state lives on the GPU), so its backward needs no re-fetch: the
+    simulator's schedule and the runtime both follow this."""
     first = len(units) - prefetch_depth
-    return tuple(u >= first or unit.pinned for u, unit in enumerate(units))
+    return tuple(u >= first or u < gpu_state_units or unit.pinned for u, unit in enumerate(units))
 
 
 class StepWorkload:
@@ -153,6 +155,9 @@ class StepWorkload:
             raise SlideDPError(
                 f"batch {global_batch} != GPUs {n} x micro_batch {policy.micro_batch} x accumulation "
                 f"{policy.accumulation} = {n * policy.sequences_per_rank()}")
+        if policy.gpu_state_units > model.layers + 2:
+            raise SlideDPError(f"policy.gpu_state_units {policy.gpu_state_units} exceeds the model's "
+                               f"{model.layers + 2} units (embedding, {model.layers} layers, head)")
         threads = self._adam_threads(hw, policy)
         if threads * n > hw.host.cores:
             raise SlideDPError(f"policy.adam_threads {threads} x {n} ranks exceeds the host's {hw.host.cores} cores")
@@ -183,7 +188,25 @@ class StepWorkload:
 
     @cached_property
     def _resident(self) -> tuple[bool, ...]:
-        return resident_in_backward(self.units, self.policy.prefetch_depth)
+        return resident_in_backward(self.units, self.policy.prefetch_depth, self.policy.gpu_state_units)
+
+    def gpu_state(self, u: int) -> bool:
+        """Unit ``u`` keeps its optimizer state on the GPU: nothing of it crosses PCIe or touches the CPU."""
+        return u < self.policy.gpu_state_units
+
+    def host_updated_params(self) -> int:
+        """Parameters whose update runs on the CPU (every unit not held on the GPU)."""
+        return sum(unit.params for u, unit in enumerate(self.units) if not self.gpu_state(u))
+
+    def gpu_adam_s(self, u: int) -> float:
+        """Seconds of the GPU-side AdamW (clip, update, bf16 copy) of a GPU-state unit."""
+        return self.units[u].params / (self.hw.gpu.adam_gparams_per_s * 1e9) if self.gpu_state(u) else 0.0
+
+    def allreduce_bytes(self, u: int) -> float:
+        """Per-rank ring all-reduce bytes of a GPU-state unit's fp32 gradient (every rank keeps a replica)."""
+        if not self.gpu_state(u) or self.ranks == 1:
+            return 0.0
+        return 2 * (self.ranks - 1) / self.ranks * 4 * self.units[u].params
 
     def resident_in_backward(self, u: int) -> bool:
         """The last ``prefetch_depth`` units of the forward are still on the GPU when backward starts."""

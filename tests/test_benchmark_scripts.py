@@ -49,8 +49,11 @@ def test_speedups_and_table_from_rows(tmp_path):
                                                            ("fsdp2-offload", 1, 100.0), ("fsdp2-offload", 2, 200.0),
                                                            ("resident", 1, 600.0)]]
     rows.append({"system": "resident", "model": "m", "seq": 8, "batch": 2, "status": "oom"})
+    rows.append({"system": "slidedp-host", "model": "m", "seq": 8, "batch": 1, "status": "ok", "tokens_per_s": 200.0,
+                 "step_time_s": 0.04})
     s = peer_compare.speedups(rows, "m")
     assert s["fsdp2-offload"]["geomean"] == pytest.approx(math.sqrt(3.0 * 4.0))
+    assert peer_compare.speedups(rows, "m", "slidedp-host")["fsdp2-offload"]["per_batch"] == {1: 2.0}
     assert s["resident"]["per_batch"] == {1: 0.5}  # the OOM batch is not a ratio
     assert math.isnan(s["deepspeed-offload"]["geomean"])
     table = peer_compare.table_markdown(rows)
@@ -62,12 +65,14 @@ def test_speedups_and_table_from_rows(tmp_path):
 def test_peer_compare_runs_every_cpu_capable_system(tmp_path, tiny_config):
     out = tmp_path / "peers"
     cmd = [sys.executable, str(BENCH / "peer_compare.py"), "--model", str(tiny_config), "--seq", "16",
-           "--batches", "1", "2", "--steps", "2", "--device", "cpu", "--systems", "slidedp", "fsdp2-offload",
-           "resident", "--out", str(out)]
+           "--batches", "1", "2", "--steps", "2", "--device", "cpu", "--systems", "slidedp", "slidedp-host",
+           "fsdp2-offload", "resident", "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     rows = peer_compare.load_rows(out)
     assert {(r["system"], r["batch"], r["status"]) for r in rows} == {
-        (s, b, "ok") for s in ("slidedp", "fsdp2-offload", "resident") for b in (1, 2)}
+        (s, b, "ok") for s in ("slidedp", "slidedp-host", "fsdp2-offload", "resident") for b in (1, 2)}
+    held = {r["system"]: r["policy"]["gpu_state_units"] for r in rows if r["batch"] == 1 and "policy" in r}
+    assert held["slidedp-host"] == 0 and held["slidedp"] > 0  # a tiny model: the tuner holds units on the GPU
     losses = {r["system"]: r["final_loss"] for r in rows if r["batch"] == 1}
     # Same model init, data and optimizer: after two steps every system reports a loss near ln(vocab).
     assert all(abs(v - math.log(97)) < 0.5 for v in losses.values()), losses
@@ -98,6 +103,11 @@ def test_validation_and_long_sequence_scripts_write_run_directories(tmp_path, ti
                    timeout=300)
     record = load_record(val / "runs" / "tiny-s1024-b8-keep-c4")
     assert record.seq == 1024 and record.batch == 8 and record.policy.chunks_per_layer == 4
+    subprocess.run([sys.executable, str(BENCH / "validation_runs.py"), "--model", str(tiny_config), "--device", "cpu",
+                    "--steps", "2", "--set", "gpu_state", "--only", "s2048-b4-keep-c4-g8", "--out", str(val)],
+                   check=True, capture_output=True, timeout=300)
+    held = load_record(val / "runs" / "tiny-s2048-b4-keep-c4-g8")
+    assert held.policy.gpu_state_units == 5  # all of the tiny model's units (3 layers + embedding + head)
     long_seq = tmp_path / "ls"
     subprocess.run([sys.executable, str(BENCH / "long_seq_runs.py"), "--base", str(tiny_config), "--layers", "2",
                     "--seqs", "32", "64", "--steps", "1", "--device", "cpu", "--out", str(long_seq)], check=True,

@@ -2,6 +2,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from slidedp.calibration.fits import fit_backward_ratios, fit_compute, fit_link, layer_time, thread_curve
 from slidedp.calibration.from_run import load_record, mape, refit_profile, validate
@@ -151,3 +152,28 @@ def test_multi_gpu_measurements_set_the_link_and_a_shared_uplink():
                            concurrent_h2d_gbps={(1, 1): 50.0, (1, 2): 50.0})
     profile, _ = profile_from(load_hardware("h200-x1"), one_gpu)
     assert profile.link == load_hardware("h200-x1").link and not profile.switches
+
+
+def test_gpu_adam_rate_sets_the_profile_and_its_benchmark_times_the_runtime_update():
+    """The measured rate of the GPU-held update lands in the profile; the benchmark's state object updates
+    exactly like torch's AdamW (the CPU stands in for the GPU here)."""
+    m = Measurements(stream_gbps={1: 10.0}, adam_gparams_per_s={1: 1.0}, cast_gelems_per_s={1: 1.0},
+                     gpu_adam_gparams_per_s=123.0)
+    profile, report = profile_from(load_hardware("h200-x1"), m)
+    assert profile.gpu.adam_gparams_per_s == 123.0 and report["gpu_adam_gparams_per_s"] == 123.0
+    from slidedp.runtime.gpu_state import GpuOptimizerState
+    from slidedp.runtime.optim import OptimConfig
+
+    torch.manual_seed(0)
+    p = torch.randn(1000)
+    ref = torch.nn.Parameter(p.clone())
+    cfg = OptimConfig(lr=1e-3, weight_decay=0.1)
+    opt = torch.optim.AdamW([ref], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=0.1)
+    state = GpuOptimizerState.from_tensors([p], torch.bfloat16)
+    for step in range(1, 4):
+        g = torch.randn(1000)
+        ref.grad = g * 0.5
+        opt.step()
+        state.update_all([g.clone()], step, cfg.lr, cfg, 0.5)
+    torch.testing.assert_close(state.master[0], ref.detach(), rtol=1e-6, atol=1e-6)
+    assert torch.equal(state.weights[0], state.master[0].bfloat16())

@@ -45,6 +45,22 @@ def test_matches_single_process_at_the_same_global_batch(tmp_path, world, param_
                                      {(u * 3 + c) % world for u in range(5) for c in range(3)})
 
 
+@pytest.mark.parametrize("grad_route", ["per_rank", "reduce_scatter"])
+def test_gpu_state_units_all_reduce_and_match_single_process(tmp_path, grad_route):
+    """Every rank keeps a replica of the GPU-held units and all-reduces their gradients; the norm counts
+    them once, and rank 0 writes them back to the one host state."""
+    config = write_config(tmp_path, "qwen3")
+    policy = Policy(param_route="sharded", grad_route=grad_route, micro_batch=1, accumulation=2, chunks_per_layer=3,
+                    gpu_state_units=2)
+    result = run_data_parallel(2, config, policy, SEQ, STEPS, tmp_path)
+    losses, master = single_process(config, 2, policy.with_(gpu_state_units=0))
+    assert result["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(result["master"], master, rtol=1e-5, atol=2e-6)
+    trace = __import__("pandas").read_parquet(tmp_path / "dp2.trace1.parquet")
+    assert set(trace[trace.op == "allreduce"].layer) == {0, 1}
+    assert not set(trace[trace.op.isin(["h2d_param", "allgather", "d2h_grad"])].layer) & {0, 1}
+
+
 def test_three_ranks_hold_one_copy_of_the_state(tmp_path):
     config = write_config(tmp_path, "qwen3")
     policy = Policy(param_route="sharded", grad_route="per_rank", micro_batch=1, accumulation=1, chunks_per_layer=2)

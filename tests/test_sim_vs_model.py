@@ -63,3 +63,50 @@ def test_exposure_rows_add_up_to_the_step():
     sim = simulate(w)
     totals = sim.exposure.drop(columns="rank").sum(axis=1)
     assert totals.to_numpy() == pytest.approx([sim.step_time_s] * w.ranks, rel=1e-9)
+
+
+def _with_gpu_state(seed: int) -> StepWorkload:
+    """A random workload from the sweep's generator with a random number of leading units held on the GPU."""
+    rng = random.Random(1000 + seed)
+    w = random_valid_workload(rng)
+    k = rng.randint(1, w.num_units)
+    return StepWorkload(w.model, w.hw, w.policy.with_(gpu_state_units=k), w.seq, w.global_batch)
+
+
+GPU_STATE_SWEEP = [_with_gpu_state(seed) for seed in range(24)]
+
+
+@pytest.mark.parametrize("w", GPU_STATE_SWEEP, ids=lambda w: f"{w.model.name}-{w.hw.name}-g{w.policy.gpu_state_units}")
+def test_gpu_state_units_agree_between_model_and_simulator_and_conserve_bytes(w):
+    sim = simulate(w)
+    assert sim.step_time_s >= lower_bound(w) * (1 - 1e-9)
+    assert estimate_step(w, with_memory=False).step_time_s == pytest.approx(sim.step_time_s, rel=0.10)
+    by_op = sim.trace.groupby("op")[["bytes", "host_bytes", "flops"]].sum()
+    expected = op_totals(w)
+    assert set(by_op.index) == set(expected)
+    for op, totals in expected.items():
+        for column, value in totals.items():
+            assert by_op.loc[op, column] == pytest.approx(value, rel=1e-9, abs=1e-6), (op, column)
+    held = set(range(w.policy.gpu_state_units))
+    host_ops = sim.trace[sim.trace.op.isin(["h2d_param", "d2h_grad", "adam", "allgather", "reduce_scatter"])]
+    assert not held & set(host_ops.layer)
+    assert (sim.trace.op == "allreduce").any() == (w.ranks > 1)
+
+
+def test_holding_units_on_the_gpu_trades_gpu_memory_for_host_work():
+    """Each held unit adds its fp32 master, moments and gradient (16 B/param) to the GPU peak, less the
+    streaming buffers it no longer needs, and removes its PCIe bytes and CPU update from the step."""
+    model, hw = load_model_spec("qwen3-4b"), load_hardware("h200-x1")
+    base = Policy(micro_batch=1, accumulation=1, chunks_per_layer=4)
+    ws = [StepWorkload(model, hw, base.with_(gpu_state_units=k), 4096, 1) for k in (0, 10, 20, 38)]
+    mems = [estimate_memory(w) for w in ws]
+    assert [m.gpu_optimizer for m in mems] == pytest.approx(
+        [16 * sum(u.params for u in w.units[:w.policy.gpu_state_units]) for w in ws])
+    peaks = [m.gpu_peak for m in mems]
+    assert peaks == sorted(peaks) and peaks[-1] - peaks[0] > 16 * 3.5e9
+    totals = [op_totals(w) for w in ws]
+    assert [t.get("adam", {"bytes": 0})["bytes"] for t in totals] == sorted(
+        (t.get("adam", {"bytes": 0})["bytes"] for t in totals), reverse=True)
+    assert "h2d_param" not in totals[-1] and "adam" not in totals[-1]
+    steps = [simulate(w).step_time_s for w in ws]
+    assert steps == sorted(steps, reverse=True)  # on one H200 at batch 1 the CPU update is the limit

@@ -14,7 +14,7 @@ from slidedp.workload import StepWorkload
 
 SMALL = TuneSpace(chunks_per_layer=(1, 4), prefetch_depths=(1, 2), activations=("recompute", "offload"),
                   micro_batches=(1, 2), update_schedules=("next_forward", "as_ready"), thread_fractions=(1.0,),
-                  clipping=False)
+                  clipping=False, gpu_state=False)
 
 
 @pytest.mark.parametrize("hardware, batch", [("h100-sxm-x4", 8), ("h200-x1", 4)])
@@ -94,3 +94,36 @@ def test_cli_tune_tokens_per_step_and_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "smallest feasible budget" in err and err.count("\n") == 1
     assert not (tmp_path / "q.yaml").exists()
+
+
+def test_gpu_state_pick_is_the_brute_force_optimum_over_every_held_unit_count():
+    """With room to spare the tuner holds units on the GPU, as many as fit; the pick equals the best of every
+    policy x every gpu_state_units that fits the budget."""
+    from dataclasses import replace
+
+    model, hw = load_model_spec("qwen3-0.6b"), load_hardware("h200-x1")
+    space = replace(SMALL, gpu_state=True, activations=("recompute",), micro_batches=(1,), chunks_per_layer=(4,))
+    budget = Budget(gpu_bytes=12 * GIB, host_bytes=100 * GIB)
+    result = tune(model, hw, 2048, 1, budget, space, refine_top=4)
+    held = result.best.policy.gpu_state_units
+    assert 0 < held < model.layers + 2  # some, not all: 12 GiB is not room for every unit
+    bigger = StepWorkload(model, hw, result.best.policy.with_(gpu_state_units=held + 1), 2048, 1)
+    assert estimate_memory(bigger).gpu_peak > budget.gpu_bytes
+    fits = [w for p in enumerate_policies(space, hw, 1) for k in range(model.layers + 3)
+            if estimate_memory(w := StepWorkload(model, hw, p.with_(gpu_state_units=k), 2048, 1)).gpu_peak
+            <= budget.gpu_bytes]
+    brute = min(simulate(w).step_time_s for w in fits)
+    assert result.best.sim_step_s == pytest.approx(brute, rel=0.02)
+    host_only = tune(model, hw, 2048, 1, budget, replace(space, gpu_state=False), refine_top=4)
+    assert host_only.best.policy.gpu_state_units == 0
+    assert host_only.best.sim_step_s > result.best.sim_step_s
+
+
+def test_cli_tune_no_gpu_state(tmp_path, capsys):
+    out = tmp_path / "p.yaml"
+    assert main(["tune", "--model", "qwen3-0.6b", "--hardware", "h200-x1", "--batch", "1", "--chunks", "4",
+                 "--no-gpu-state", "--out", str(out)]) == 0
+    assert yaml.safe_load(out.read_text()).get("gpu_state_units", 0) == 0
+    assert main(["tune", "--model", "qwen3-0.6b", "--hardware", "h200-x1", "--batch", "1", "--chunks", "4",
+                 "--out", str(out)]) == 0
+    assert yaml.safe_load(out.read_text())["gpu_state_units"] > 0

@@ -30,7 +30,7 @@ def run_tune(args: argparse.Namespace) -> int:
     hw = resolve_hardware(args.hardware, args.gpus)
     budget = resolve_budget(hw, args.gpu_budget, args.host_limit)
     batch = global_batch_from(args, hw.num_gpus)
-    space = TuneSpace(clipping=not args.no_clip)
+    space = TuneSpace(clipping=not args.no_clip, gpu_state=not args.no_gpu_state)
     if args.chunks:
         space = replace(space, chunks_per_layer=tuple(args.chunks))
     with progress_callback("tuning") as progress:
