@@ -7,7 +7,10 @@ over seq 1K-32K, chunking, activation policy, accumulation and prefetch, plus th
 of the peer comparison). Profiles: the probe-based one used before calibration; `slidedp calibrate`'s output
 as produced on the device; the shipped h200-x1 (that output with the max-observed-traffic DRAM rule);
 that profile refitted from half the runs and tested on the other half. Also: the shipped profile on the
-first session's 9 runs (another machine of the same kind, another day).
+first session's 9 runs (another machine of the same kind, another day). Third set: the third session's 23 runs
+(benchmarks/results/h200-2026-12-02c), where leading units keep their optimizer state on the GPU
+(Policy.gpu_state_units): 8 hand-picked, 5 tuned Qwen3-4B and 5 tuned Qwen3-8B runs, plus 5 tuned Qwen3-4B runs
+with every optimizer state on the host.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from slidedp.report.rundir import write_run_dir
 
 RESULTS = Path(__file__).parent / "results" / "h200-2026-12-02"
 NEW = Path(__file__).parent / "results" / "h200-2026-12-02b"
+THIRD = Path(__file__).parent / "results" / "h200-2026-12-02c"
 
 
 def sweep_runs(directory: Path) -> list[Path]:
@@ -51,13 +55,24 @@ def sweep_runs(directory: Path) -> list[Path]:
     return runs
 
 
-def new_runs(directory: Path) -> list[Path]:
-    """The 20 runs of the second H200 session: 10 hand-picked policies + the 10 tuned peer-comparison runs."""
-    for tar in (NEW / "calibration" / "validation_runs.tar.gz", NEW / "peers" / "slidedp_runs.tar.gz",
-                NEW / "p8b" / "slidedp_runs.tar.gz"):
+def unpack_runs(directory: Path, tarballs: list[Path]) -> list[Path]:
+    for tar in tarballs:
         with tarfile.open(tar) as fh:
             fh.extractall(directory, filter="data")
     return sorted(p for p in directory.glob("*/*") if (p / "summary.json").exists())
+
+
+def new_runs(directory: Path) -> list[Path]:
+    """The 20 runs of the second H200 session: 10 hand-picked policies + the 10 tuned peer-comparison runs."""
+    return unpack_runs(directory, [NEW / "calibration" / "validation_runs.tar.gz", NEW / "peers" / "slidedp_runs.tar.gz",
+                                   NEW / "p8b" / "slidedp_runs.tar.gz"])
+
+
+def third_runs(directory: Path) -> list[Path]:
+    """The 23 runs of the third H200 session (GPU-held optimizer state; the host-only tuned runs)."""
+    return unpack_runs(directory, [THIRD / "validation" / "validation_runs.tar.gz",
+                                   THIRD / "peers" / "slidedp_runs.tar.gz", THIRD / "host" / "slidedp_runs.tar.gz",
+                                   THIRD / "p8b" / "slidedp_runs.tar.gz"])
 
 
 def two_fold(base, records):
@@ -80,17 +95,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         records = [load_record(p) for p in new_runs(Path(tmp) / "new")]
         old = [load_record(p) for p in sweep_runs(Path(tmp) / "old") + [RESULTS / "run64k"]]
+        third = [load_record(p) for p in third_runs(Path(tmp) / "third")]
         tables = {
             "probe profile (before calibration)": validate(records, probe),
             "slidedp calibrate output (copy-pass DRAM rule)": validate(records, raw),
             "h200-x1 = calibrate output, max-traffic DRAM rule": validate(records, shipped),
             "h200-x1 + refit from half the runs, held-out half": two_fold(shipped, records),
             "h200-x1 on the first session's 9 runs": validate(old, shipped),
+            "h200-x1 on the third session's 23 runs (GPU-held state)": validate(third, shipped),
+            "h200-x1 on the second and third sessions' 43 runs": validate(records + third, shipped),
         }
         for name, table in tables.items():
             print(f"{name}: MAPE {mape(table):.1f}% (max {table.error_percent.abs().max():.1f}%) over {len(table)} "
                   f"runs, limiter matches {int(table.limiter_match.sum())}/{len(table)}")
         print(tables["h200-x1 = calibrate output, max-traffic DRAM rule"].round(3).to_string(index=False))
+        print(tables["h200-x1 on the third session's 23 runs (GPU-held state)"].round(3).to_string(index=False))
         if args.out:
             pd.concat([t.assign(profile=n) for n, t in tables.items()]).to_csv(args.out, index=False)
 
