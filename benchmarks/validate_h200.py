@@ -64,8 +64,8 @@ def unpack_runs(directory: Path, tarballs: list[Path]) -> list[Path]:
 
 def new_runs(directory: Path) -> list[Path]:
     """The 20 runs of the second H200 session: 10 hand-picked policies + the 10 tuned peer-comparison runs."""
-    return unpack_runs(directory, [NEW / "calibration" / "validation_runs.tar.gz", NEW / "peers" / "slidedp_runs.tar.gz",
-                                   NEW / "p8b" / "slidedp_runs.tar.gz"])
+    return unpack_runs(directory, [NEW / "calibration" / "validation_runs.tar.gz",
+                                   NEW / "peers" / "slidedp_runs.tar.gz", NEW / "p8b" / "slidedp_runs.tar.gz"])
 
 
 def third_runs(directory: Path) -> list[Path]:
