@@ -61,7 +61,9 @@ def _print_tables(s: dict, result, est) -> None:
     p = s["policy"]
     console.print(f"policy: params {p['param_route']}, grads {p['grad_route']}, {p['chunks_per_layer']} chunks/layer, "
                   f"prefetch {p['prefetch_depth']}, activations {p['activation']}, micro-batch {p['micro_batch']} x "
-                  f"{p['accumulation']}, update {p['update_schedule']}")
+                  f"{p['accumulation']}, update {p['update_schedule']}"
+                  + (f", optimizer state of the first {p['gpu_state_units']} units on the GPU"
+                     if p.get("gpu_state_units") else ""))
 
     step = Table(title="Step")
     step.add_column("metric")
