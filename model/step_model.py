@@ -75,8 +75,8 @@ class _Recurrence:
         self.ag = [c * lat_link + k_ag * p / coll_bw if k_ag and p else 0.0 for p in params]
         self.rs = [c * lat_link + k_rs * p / coll_bw if k_rs and p else 0.0 for p in params]
         self.d2h = [c * lat + k_d2h * p / d2h_bw if p else 0.0 for p in params]
-        self.allreduce = [lat_link + w.allreduce_bytes(u) / coll_bw if w.allreduce_bytes(u) else 0.0
-                          for u in range(len(units))]
+        allreduce_bytes = [w.allreduce_bytes(u) for u in range(len(units))]  # GPU-state units with several ranks
+        self.allreduce = [lat_link + b / coll_bw if b else 0.0 for b in allreduce_bytes]
         self.gpu_adam = [w.gpu_adam_s(u) for u in range(len(units))]
         offl = [w.offloads_checkpoint(u.index) for u in units]
         self.ckpt_out = [lat + u.checkpoint_bytes / d2h_bw if o else 0.0 for u, o in zip(units, offl, strict=True)]
@@ -107,10 +107,10 @@ class _Recurrence:
         self.host_h2d = [n * k_h2d * p for p in params]
         self.host_d2h = [n * k_d2h * p for p in params]
         self.host_ag = [n * k_ag * k_host * p for p in params]
-        self.host_rs = [n * k_rs * k_host * p + n * w.allreduce_bytes(u) * k_host for u, p in enumerate(params)]
+        self.host_rs = [n * (k_rs * p + b) * k_host for p, b in zip(params, allreduce_bytes, strict=True)]
         # PCIe bytes (all ranks) of collectives that bounce through host memory (no peer access).
         self.pcie_ag = [n * k_ag * k_pcie * p for p in params]
-        self.pcie_rs = [n * k_rs * k_pcie * p + n * w.allreduce_bytes(u) * k_pcie for u, p in enumerate(params)]
+        self.pcie_rs = [n * (k_rs * p + b) * k_pcie for p, b in zip(params, allreduce_bytes, strict=True)]
         self.host_ckpt = [n * u.checkpoint_bytes if o else 0.0 for u, o in zip(units, offl, strict=True)]
 
     def _pipelined(self, free: float, prev_start: float, prev_dur: float, prev_end: float, dur: float,

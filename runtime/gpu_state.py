@@ -43,9 +43,6 @@ class GpuOptimizerState:
     def __len__(self) -> int:
         return len(self.units)
 
-    def numel(self) -> int:
-        return sum(u.numel for u in self.units)
-
     def load(self, host, step: int) -> None:
         """Copy the units' state from the host state (first step, or the host was reloaded from a checkpoint)."""
         dev = self.device

@@ -118,19 +118,16 @@ def enumerate_policies(space: TuneSpace, hw: HardwareProfile, global_batch: int)
 
 
 def most_gpu_state_units(model: ModelSpec, hw: HardwareProfile, policy: Policy, seq: int, global_batch: int,
-                         units: tuple[Unit, ...], gpu_budget: float) -> tuple[int, StepWorkload, MemoryEstimate] | None:
-    """The largest ``gpu_state_units`` (> 0) whose GPU peak fits the budget, with its workload and memory, or
-    None when not even the first unit fits. GPU memory grows with every unit held, so bisection finds it."""
-    def sized(k: int) -> tuple[StepWorkload, MemoryEstimate]:
-        w = StepWorkload(model, hw, policy.with_(gpu_state_units=k), seq, global_batch, units=units)
-        return w, estimate_memory(w)
-
+                         units: tuple[Unit, ...], gpu_budget: float) -> tuple[StepWorkload, MemoryEstimate] | None:
+    """The workload (and its memory) with the largest ``gpu_state_units`` (> 0) whose GPU peak fits the budget,
+    or None when not even the first unit fits. GPU memory grows with every unit held, so bisection finds it."""
     lo, hi, best = 1, len(units), None
     while lo <= hi:
         mid = (lo + hi) // 2
-        w, mem = sized(mid)
+        w = StepWorkload(model, hw, policy.with_(gpu_state_units=mid), seq, global_batch, units=units)
+        mem = estimate_memory(w)
         if mem.gpu_peak <= gpu_budget:
-            best, lo = (mid, w, mem), mid + 1
+            best, lo = (w, mem), mid + 1
         else:
             hi = mid - 1
     return best
@@ -163,7 +160,7 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
             held = (most_gpu_state_units(model, hw, policy, seq, global_batch, units_cache[key], budget.gpu_bytes)
                     if space.gpu_state else None)
             if held is not None:
-                _, w_held, mem_held = held
+                w_held, mem_held = held
                 workloads[id(w_held.policy)] = w_held
                 feasible.append(Candidate(w_held.policy, estimate_step(w_held, with_memory=False), mem_held))
         if progress and i % 64 == 0:
