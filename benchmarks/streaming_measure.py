@@ -28,7 +28,8 @@ from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.runtime.trainer import rss_bytes
 from slidedp.sim import simulate
-from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload
+from slidedp.trace import EXPOSURE_CATEGORIES
+from slidedp.workload import StepWorkload
 
 BENCH_OPTIM = OptimConfig(lr=1e-5, max_grad_norm=1.0, total_steps=1000)
 

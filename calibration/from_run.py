@@ -20,8 +20,10 @@ from slidedp.hardware import HardwareProfile
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.report.rundir import load_run
+from slidedp.resources import ADAM_HOST_BYTES_BASE, FUSED_ADAM_HOST_BYTES
 from slidedp.sim import simulate
-from slidedp.workload import ADAM_HOST_BYTES_BASE, FUSED_ADAM_HOST_BYTES, StepWorkload, build_units
+from slidedp.units import build_units
+from slidedp.workload import StepWorkload
 
 
 @dataclass
@@ -123,7 +125,7 @@ def _layer_seconds(records: list[RunRecord], gpu) -> tuple[float, float]:
     predicted = measured = 0.0
     for r in records:
         units = build_units(r.spec, gpu, r.policy.activation, r.policy.micro_batch, r.policy.accumulation, r.seq)
-        layers = r.trace[r.trace.op.isin(["fwd", "bwd"]) & (r.trace.layer >= 1) & (r.trace.layer <= r.spec.layers)]
+        layers = r.trace[r.trace.op.isin(["fwd", "bwd"]) & (r.trace.unit >= 1) & (r.trace.unit <= r.spec.layers)]
         if layers.empty:
             continue
         steps = len(layers) / (2 * r.spec.layers * max(1, r.trace["rank"].nunique()))
@@ -138,7 +140,7 @@ def _refit_compute(gpu, records: list[RunRecord]):
     multiple of the forward; long-sequence attention backward is relatively slower than that)."""
     lin, att, tok, sec = [], [], [], []
     for r in records:
-        fwd = r.trace[(r.trace.op == "fwd") & (r.trace.layer >= 1) & (r.trace.layer <= r.spec.layers)]
+        fwd = r.trace[(r.trace.op == "fwd") & (r.trace.unit >= 1) & (r.trace.unit <= r.spec.layers)]
         if fwd.empty:
             continue
         tokens = r.seq * r.policy.micro_batch

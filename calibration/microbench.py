@@ -22,7 +22,7 @@ import torch
 from slidedp.calibration.fits import fit_backward_ratios, fit_compute, fit_link, thread_curve
 from slidedp.hardware import HardwareProfile, SwitchSpec
 from slidedp.model_spec import load_model_spec
-from slidedp.workload import ADAM_HOST_BYTES_BASE, FUSED_ADAM_HOST_BYTES
+from slidedp.resources import ADAM_HOST_BYTES_BASE, FUSED_ADAM_HOST_BYTES
 
 Progress = Callable[[int, int], None]
 

@@ -9,12 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slidedp.workload import StepWorkload, collective_usage, dma_usage, resource_capacities
-
-
-def _dma_floor(w: StepWorkload, usage: dict[str, float], caps: dict[str, float]) -> float:
-    """Seconds per byte of a lone flow: the slowest resource it crosses."""
-    return max(k / caps[r] for r, k in usage.items())
+from slidedp.resources import collective_usage, dma_usage, resource_capacities, seconds_per_byte
+from slidedp.workload import StepWorkload
 
 
 @dataclass(frozen=True)
@@ -54,11 +50,6 @@ def _sums(w: StepWorkload) -> _Sums:
     return _Sums(total, fetched, fetch_ops, host_units, allreduce, ckpt, ckpt_ops, compute, fwd_flops, bwd_flops)
 
 
-def _cpu_bytes_per_param(w: StepWorkload) -> tuple[float, float, float]:
-    reduce_b = w.cpu_reduce_host_bytes(1.0) if w.needs_cpu_reduce() else 0.0
-    return reduce_b, w.adam_host_bytes(1.0), w.cast_host_bytes(1.0)
-
-
 def op_totals(w: StepWorkload) -> dict[str, dict[str, float]]:
     """Closed-form totals per trace op over all ranks: ``bytes``, ``flops`` and ``host_bytes``.
 
@@ -66,7 +57,8 @@ def op_totals(w: StepWorkload) -> dict[str, dict[str, float]]:
     """
     s, n = _sums(w), w.ranks
     k_host = collective_usage(w.hw, 0).get("hostmem", 0.0)
-    reduce_b, adam_b, cast_b = _cpu_bytes_per_param(w)
+    reduce_b, adam_b, cast_b = w.cpu_update_host_bytes_per_param()
+    routes = w.routes
 
     def row(nbytes: float, host: float | None = None, flops: float = 0.0) -> dict[str, float]:
         return {"bytes": nbytes, "host_bytes": nbytes if host is None else host, "flops": flops}
@@ -75,16 +67,16 @@ def op_totals(w: StepWorkload) -> dict[str, dict[str, float]]:
     if not s.host_units:  # every unit's state is on the GPU: nothing crosses PCIe or touches the CPU
         reduce_b = cast_b = 0.0
     else:
-        totals["h2d_param"] = row(n * w.h2d_param_factor * s.fetched_params)
-        totals["d2h_grad"] = row(n * w.d2h_grad_factor * s.total_params)
+        totals["h2d_param"] = row(n * routes.h2d_param_factor * s.fetched_params)
+        totals["d2h_grad"] = row(n * routes.d2h_grad_factor * s.total_params)
         totals["adam"] = row(adam_b * s.total_params)
     if cast_b:  # no separate cast pass when the optimizer kernel writes the bf16 copy (HostSpec.fused_cast)
         totals["cast"] = row(cast_b * s.total_params)
-    if w.allgather_factor and s.host_units:
-        ag = n * w.allgather_factor * s.fetched_params
+    if routes.allgather_factor and s.host_units:
+        ag = n * routes.allgather_factor * s.fetched_params
         totals["allgather"] = row(ag, ag * k_host)
-    if w.reduce_scatter_factor and s.host_units:
-        rs = n * w.reduce_scatter_factor * s.total_params
+    if routes.reduce_scatter_factor and s.host_units:
+        rs = n * routes.reduce_scatter_factor * s.total_params
         totals["reduce_scatter"] = row(rs, rs * k_host)
     if s.ckpt_ops:
         totals["d2h_ckpt"] = row(n * s.ckpt_bytes)
@@ -105,24 +97,25 @@ def resource_demands(w: StepWorkload) -> dict[str, float]:
     n, c = w.ranks, w.chunks
     s = _sums(w)
     lat = w.pcie_latency
-    reduce_b, adam_b, cast_b = _cpu_bytes_per_param(w)
-    cpu_sec = (reduce_b / w.cpu_reduce_cap() if reduce_b else 0.0) + adam_b / w.adam_cap() + cast_b / w.cast_cap()
-    h2d_bytes = w.h2d_param_factor * s.fetched_params + s.ckpt_bytes
+    routes = w.routes
+    cpu_sec = w.cpu_update_seconds_per_param()
+    h2d_bytes = routes.h2d_param_factor * s.fetched_params + s.ckpt_bytes
     h2d_ops = s.fetch_ops * c + s.ckpt_ops
-    d2h_bytes = w.d2h_grad_factor * s.total_params + s.ckpt_bytes
+    d2h_bytes = routes.d2h_grad_factor * s.total_params + s.ckpt_bytes
     d2h_ops = s.host_units * c + s.ckpt_ops
-    link_bytes = (w.allgather_factor * s.fetched_params + w.reduce_scatter_factor * s.total_params
+    link_bytes = (routes.allgather_factor * s.fetched_params + routes.reduce_scatter_factor * s.total_params
                   + s.allreduce_bytes)
-    link_ops = ((s.fetch_ops * c if w.allgather_factor else 0) + (s.host_units * c if w.reduce_scatter_factor else 0)
+    link_ops = ((s.fetch_ops * c if routes.allgather_factor else 0)
+                + (s.host_units * c if routes.reduce_scatter_factor else 0)
                 + (w.policy.gpu_state_units if s.allreduce_bytes else 0))
-    cpu_host_bytes = (reduce_b + adam_b + cast_b) * s.total_params
+    cpu_host_bytes = sum(w.cpu_update_host_bytes_per_param()) * s.total_params
     cpu_time = cpu_sec * s.total_params
     compute = s.compute_s
 
     h2d_use, d2h_use = dma_usage(w.hw, 0, "h2d"), dma_usage(w.hw, 0, "d2h")
     coll_use = collective_usage(w.hw, 0)
     coll_cap = w.collective_cap()
-    coll_floor = max(1.0 / coll_cap, _dma_floor(w, coll_use, caps))
+    coll_floor = max(1.0 / coll_cap, seconds_per_byte(coll_use, caps))
     demands = {
         "gpu[0]": compute,
         "h2d[0]": h2d_bytes / caps["h2d[0]"] + h2d_ops * lat,

@@ -28,7 +28,7 @@ class MemoryEstimate:
     gpu_reserve: float
     gpu_optimizer: float  # fp32 master, m, v and the fp32 gradient of the GPU-state units
     host_state: float
-    host_staging: float
+    host_buffers: float  # per-rank host buffers beside the state (the per-rank route's landing buffers)
     host_activations: float
     params: int
 
@@ -45,7 +45,7 @@ class MemoryEstimate:
 
     @property
     def host_total(self) -> float:
-        return self.host_state + self.host_staging + self.host_activations
+        return self.host_state + self.host_buffers + self.host_activations
 
     @property
     def host_bytes_per_param(self) -> float:
@@ -86,7 +86,7 @@ def estimate_memory(w: StepWorkload) -> MemoryEstimate:
     grads += sum(4 * u.params for u, g in zip(units, on_gpu, strict=True) if u.pinned and not g)
     # GPU-state units hold fp32 master, m, v all step and their fp32 gradient from backward to the update.
     optimizer = sum(16 * u.params for u, g in zip(units, on_gpu, strict=True) if g)
-    if pol.grad_route == "reduce_scatter" and w.ranks > 1:
+    if w.routes.reduce_scatters:
         # The runtime's reduce-scatter output (this rank's fp32 shards of a unit) and one padded chunk input.
         largest_unit = max(u.params for u in units)
         grads += 4 * largest_unit / w.ranks + 4 * largest_unit / w.chunks
@@ -103,16 +103,14 @@ def estimate_memory(w: StepWorkload) -> MemoryEstimate:
 
     params = m.total_params
     state_per_param = 12 + (BF16_BYTES if pol.grad_dtype == "bf16" else BF16_BYTES + 4)
-    staging = 0.0
-    largest = max(u.params for u in units)
-    if pol.grad_route == "per_rank" and w.ranks > 1:
-        staging += w.ranks * depth * pol.grad_bytes * largest  # each rank's copies await the owner's sum
-    staging += w.ranks * 2 * BF16_BYTES * largest / w.chunks  # pinned bounce chunks per rank
+    # The per-rank gradient route lands each rank's copy of one unit's gradient in that rank's own buffer
+    # until the owners have summed them (the runtime holds one unit per rank: a barrier per unit in backward).
+    buffers = w.ranks * pol.grad_bytes * max(u.params for u in units) if w.routes.cpu_reduces else 0.0
     host_acts = w.ranks * m.layers * ckpt if pol.activation == "offload" else 0.0
     return MemoryEstimate(
         gpu_weights=weights, gpu_grads=grads, gpu_activations=acts, gpu_loss=loss,
         gpu_reserve=w.hw.gpu.reserve_gib * GIB, gpu_optimizer=optimizer, host_state=state_per_param * params,
-        host_staging=staging, host_activations=host_acts, params=params,
+        host_buffers=buffers, host_activations=host_acts, params=params,
     )
 
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from slidedp.exposure import limiter
 from slidedp.model.demands import resource_demands
 from slidedp.model.memory import MemoryEstimate, estimate_memory
-from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload, collective_usage, resource_capacities
+from slidedp.resources import collective_usage, resource_capacities
+from slidedp.trace import EXPOSURE_CATEGORIES
+from slidedp.workload import StepWorkload
 
 
 @dataclass
@@ -46,7 +48,11 @@ def lower_bound(w: StepWorkload) -> float:
 
 
 class _Recurrence:
-    """End times of the rank-0 streams, unit by unit, in the plan's issue order."""
+    """End times of the rank-0 streams, unit by unit, in the plan's issue order.
+
+    Construction turns the workload into per-unit stage durations; :meth:`run` walks the forward, the
+    backward and the tail, keeping each stream's time and the exposure the GPU meets on the way.
+    """
 
     def __init__(self, w: StepWorkload):
         self.w = w
@@ -64,12 +70,13 @@ class _Recurrence:
         coll_bw = w.collective_cap()
         if w.hw.link.kind != "nvlink":
             coll_bw = min(coll_bw, caps["h2d[0]"], caps["d2h[0]"], caps["pcie[0]"] / 2)
-        units = w.units
+        units, routes = w.units, w.routes
         self.gpu_state = [w.gpu_state(u) for u in range(len(units))]
         # GPU-state units move nothing over PCIe and cost the CPU nothing: zero host-side parameters.
         params = [0 if g else u.params for u, g in zip(units, self.gpu_state, strict=True)]
         c = self.c
-        k_h2d, k_ag, k_d2h, k_rs = w.h2d_param_factor, w.allgather_factor, w.d2h_grad_factor, w.reduce_scatter_factor
+        k_h2d, k_ag = routes.h2d_param_factor, routes.allgather_factor
+        k_d2h, k_rs = routes.d2h_grad_factor, routes.reduce_scatter_factor
         lat_link = w.link_latency
         self.h2d = [c * lat + k_h2d * p / h2d_bw if p else 0.0 for p in params]
         self.ag = [c * lat_link + k_ag * p / coll_bw if k_ag and p else 0.0 for p in params]
@@ -82,26 +89,22 @@ class _Recurrence:
         self.ckpt_out = [lat + u.checkpoint_bytes / d2h_bw if o else 0.0 for u, o in zip(units, offl, strict=True)]
         self.ckpt_in = [lat + u.checkpoint_bytes / h2d_bw if o else 0.0 for u, o in zip(units, offl, strict=True)]
         # CPU update work per parameter, in seconds (one rank's worker) and DRAM bytes (all ranks).
-        reduce_b = w.cpu_reduce_host_bytes(1.0) if w.needs_cpu_reduce() else 0.0
-        adam_b, cast_b = w.adam_host_bytes(1.0), w.cast_host_bytes(1.0)
-        alone = (reduce_b / w.cpu_reduce_cap() if reduce_b else 0.0) + adam_b / w.adam_cap() + cast_b / w.cast_cap()
-        together = n * (reduce_b + adam_b + cast_b) / caps["hostmem"]  # all workers stream DRAM at once
-        sec_per_param = max(alone, together)
+        host_b = sum(w.cpu_update_host_bytes_per_param())
+        together = n * host_b / caps["hostmem"]  # all workers stream DRAM at once
+        sec_per_param = max(w.cpu_update_seconds_per_param(), together)
         # Update lanes: reduce-scatter gives every worker 1/N of each chunk, so one lane stands for all;
         # per-rank gradients give whole chunks to owners round-robin, so each owner is its own lane.
         # When the chunk count is a multiple of N, every owner gets the same share of every unit: one lane.
-        self.lanes = 1 if w.policy.grad_route == "reduce_scatter" or c % n == 0 else n
+        self.lanes = 1 if routes.shards_updates or c % n == 0 else n
         self.lane_work: list[list[tuple[int, float]]] = []
         for u, p in enumerate(params):
             if self.lanes == 1:
                 self.lane_work.append([(0, sec_per_param * p / n)])
             else:
-                counts = [0] * n
-                for ch in range(c):
-                    counts[(u * c + ch) % n] += 1
+                counts = routes.owner_chunk_counts(u)
                 self.lane_work.append([(k, sec_per_param * p * m / c) for k, m in enumerate(counts) if m])
         self.upd = [max(t for _, t in lw) for lw in self.lane_work]
-        self.host_upd = [(reduce_b + adam_b + cast_b) * p for p in params]
+        self.host_upd = [host_b * p for p in params]
         coll = collective_usage(w.hw, 0)
         k_host, k_pcie = coll.get("hostmem", 0.0), coll.get("pcie[0]", 0.0)
         self.host_h2d = [n * k_h2d * p for p in params]
@@ -123,107 +126,119 @@ class _Recurrence:
         end = prev_end + dur / self.c
         return start, (start + dur if start + dur > end else end)
 
+    # ---- the walk ---------------------------------------------------------------------------------------------
     def run(self) -> dict:
-        w, c = self.w, self.c
-        units, depth, schedule = w.units, w.policy.prefetch_depth, w.policy.update_schedule
-        nu = len(units)
-        gpu = h2d = d2h = ag = rs = 0.0
-        lanes = [0.0] * self.lanes
-        lane_work = self.lane_work
-        upd_start, upd_end = [0.0] * nu, [0.0] * nu
-        fwd_end, bwd_end, ckpt_end, grad_end = [0.0] * nu, [0.0] * nu, [0.0] * nu, [0.0] * nu
-        exposure = dict.fromkeys(EXPOSURE_CATEGORIES, 0.0)
-
-        def update(u: int, feed_start: float, feed_dur: float, feed_end: float) -> None:
-            """Each owner lane updates its chunks of unit ``u``, chunk-pipelined behind its feeder."""
-            work = lane_work[u]
-            if len(work) == 1:
-                k, dur = work[0]
-                upd_start[u], lanes[k] = self._pipelined(lanes[k], feed_start, feed_dur, feed_end, dur)
-                upd_end[u] = lanes[k]
-                return
-            upd_start[u], upd_end[u] = float("inf"), 0.0
-            for k, dur in work:
-                start, lanes[k] = self._pipelined(lanes[k], feed_start, feed_dur, feed_end, dur)
-                upd_start[u] = min(upd_start[u], start)
-                upd_end[u] = max(upd_end[u], lanes[k])
-
-        def updates_in_order(gate: float) -> None:
-            for u in range(nu):
-                update(u, gate, 0.0, gate)
-
-        def deliver(u: int, gate: float, from_cpu: bool) -> tuple[float, str]:
-            nonlocal h2d, ag
-            if from_cpu:
-                hs, he = self._pipelined(h2d, upd_start[u], self.upd[u], upd_end[u], self.h2d[u], gate)
-                why = "cpu" if upd_end[u] + self.h2d[u] / c >= he - 1e-15 and self.upd[u] > 0 else "h2d"
-            else:
-                hs = max(h2d, gate)
-                he = hs + self.h2d[u]
-                why = "h2d"
-            h2d = he
-            if self.ag[u]:
-                _, ag = self._pipelined(ag, hs, self.h2d[u], he, self.ag[u])
-                return ag, ("collective" if ag > he + self.ag[u] / c + 1e-15 else why)
-            return he, why
-
-        fwd_s = [unit.fwd_s for unit in units]
-        bwd_s = [unit.bwd_s for unit in units]
-        resident = [w.resident_in_backward(u) for u in range(nu)]
-        ckpt_out, ckpt_in, rs_t, d2h_t = self.ckpt_out, self.ckpt_in, self.rs, self.d2h
-
-        def wait(ready: float, why: str) -> None:
-            if ready > gpu:
-                exposure[why] += ready - gpu
-
+        nu = len(self.w.units)
+        # Stream clocks (rank 0 stands for every rank) and per-unit milestones.
+        self.gpu = self.h2d_t = self.d2h_t = self.ag_t = self.rs_t = 0.0
+        self.lane_t = [0.0] * self.lanes
+        self.upd_start, self.upd_end = [0.0] * nu, [0.0] * nu
+        self.fwd_end, self.bwd_end = [0.0] * nu, [0.0] * nu
+        self.ckpt_end, self.grad_end = [0.0] * nu, [0.0] * nu
+        self.exposure = dict.fromkeys(EXPOSURE_CATEGORIES, 0.0)
+        schedule = self.w.policy.update_schedule
         if schedule == "next_forward":
-            updates_in_order(0.0)
-        gpu_state = self.gpu_state
-        for u in range(nu):
-            gate = fwd_end[u - depth] if u >= depth else 0.0
-            ready, why = (gpu, "bubble") if gpu_state[u] else deliver(u, gate, schedule == "next_forward")
-            wait(ready, why)
-            gpu = fwd_end[u] = (gpu if gpu > ready else ready) + fwd_s[u]
-            if ckpt_out[u]:
-                d2h = ckpt_end[u] = max(d2h, gpu) + ckpt_out[u]
-        fwd_done = gpu
+            self._updates_in_order(0.0)
+        self._forward()
+        fwd_done = self.gpu
+        self._backward()
+        if any(self.gpu_state):  # AdamW of the GPU-held units once every gradient (and the norm) is in
+            self.gpu = max(self.gpu, max(self.grad_end[u] for u in range(nu) if self.gpu_state[u])) \
+                + sum(self.gpu_adam)
+        gpu_done = self.gpu
+        if schedule == "after_backward":
+            self._updates_in_order(max(self.d2h_t, self.gpu))
+        cpu = max(self.lane_t)
+        end = max(self.gpu, self.h2d_t, self.d2h_t, self.ag_t, self.rs_t, cpu)
+        tail_why = "cpu" if cpu >= max(self.d2h_t, self.rs_t) else ("d2h" if self.d2h_t >= self.rs_t else "collective")
+        self.exposure[tail_why] += end - gpu_done
+        return {"fwd": fwd_done, "bwd": end - fwd_done, "exposure": self.exposure}
+
+    def _wait(self, ready: float, why: str) -> None:
+        """The GPU stream waits until ``ready``; the gap is exposed time of category ``why``."""
+        if ready > self.gpu:
+            self.exposure[why] += ready - self.gpu
+
+    def _update(self, u: int, feed_start: float, feed_dur: float, feed_end: float) -> None:
+        """Each owner lane updates its chunks of unit ``u``, chunk-pipelined behind its feeder."""
+        work, lanes = self.lane_work[u], self.lane_t
+        if len(work) == 1:
+            k, dur = work[0]
+            self.upd_start[u], lanes[k] = self._pipelined(lanes[k], feed_start, feed_dur, feed_end, dur)
+            self.upd_end[u] = lanes[k]
+            return
+        self.upd_start[u], self.upd_end[u] = float("inf"), 0.0
+        for k, dur in work:
+            start, lanes[k] = self._pipelined(lanes[k], feed_start, feed_dur, feed_end, dur)
+            self.upd_start[u] = min(self.upd_start[u], start)
+            self.upd_end[u] = max(self.upd_end[u], lanes[k])
+
+    def _updates_in_order(self, gate: float) -> None:
+        for u in range(len(self.w.units)):
+            self._update(u, gate, 0.0, gate)
+
+    def _deliver(self, u: int, gate: float, from_cpu: bool) -> tuple[float, str]:
+        """When unit ``u``'s weights are on the GPU (H2D, then all-gather) and what delayed them."""
+        c = self.c
+        if from_cpu:
+            hs, he = self._pipelined(self.h2d_t, self.upd_start[u], self.upd[u], self.upd_end[u], self.h2d[u], gate)
+            why = "cpu" if self.upd_end[u] + self.h2d[u] / c >= he - 1e-15 and self.upd[u] > 0 else "h2d"
+        else:
+            hs = max(self.h2d_t, gate)
+            he = hs + self.h2d[u]
+            why = "h2d"
+        self.h2d_t = he
+        if self.ag[u]:
+            _, self.ag_t = self._pipelined(self.ag_t, hs, self.h2d[u], he, self.ag[u])
+            return self.ag_t, ("collective" if self.ag_t > he + self.ag[u] / c + 1e-15 else why)
+        return he, why
+
+    def _forward(self) -> None:
+        units, depth = self.w.units, self.w.policy.prefetch_depth
+        from_cpu = self.w.policy.update_schedule == "next_forward"
+        for u in range(len(units)):
+            gate = self.fwd_end[u - depth] if u >= depth else 0.0
+            ready, why = (self.gpu, "bubble") if self.gpu_state[u] else self._deliver(u, gate, from_cpu)
+            self._wait(ready, why)
+            self.gpu = self.fwd_end[u] = (self.gpu if self.gpu > ready else ready) + units[u].fwd_s
+            if self.ckpt_out[u]:
+                self.d2h_t = self.ckpt_end[u] = max(self.d2h_t, self.gpu) + self.ckpt_out[u]
+
+    def _backward(self) -> None:
+        w = self.w
+        nu, depth = len(w.units), w.policy.prefetch_depth
         for u in range(nu - 1, -1, -1):
             later = u + depth
-            gate = bwd_end[later] if later < nu else 0.0
-            ready, why = gpu, "bubble"
-            if not resident[u]:
-                ready, why = deliver(u, gate, False)
-            if ckpt_in[u]:
-                h2d = max(h2d, ckpt_end[u], gate) + ckpt_in[u]
-                if h2d > ready:
-                    ready, why = h2d, "h2d"
-            if later < nu and grad_end[later] > ready:
-                ready, why = grad_end[later], "d2h"
-            wait(ready, why)
-            gpu = bwd_end[u] = (gpu if gpu > ready else ready) + bwd_s[u]
-            if gpu_state[u]:  # the gradient stays on the GPU (all-reduced across ranks)
-                if self.allreduce[u]:
-                    rs = max(rs, gpu) + self.allreduce[u]
-                grad_end[u] = rs if self.allreduce[u] else gpu
-                continue
-            rs_start = gpu
-            if rs_t[u]:
-                rs_start = max(rs, gpu)
-                rs = rs_start + rs_t[u]
-            ds, grad_end[u] = self._pipelined(d2h, rs_start, rs_t[u], rs if rs_t[u] else gpu, d2h_t[u])
-            d2h = grad_end[u]
-            if schedule == "as_ready":
-                update(u, ds, d2h_t[u], grad_end[u])
-        if any(gpu_state):  # AdamW of the GPU-held units once every gradient (and the norm) is in
-            gpu = max(gpu, max(grad_end[u] for u in range(nu) if gpu_state[u])) + sum(self.gpu_adam)
-        gpu_done = gpu
-        if schedule == "after_backward":
-            updates_in_order(max(d2h, gpu))
-        cpu = max(lanes)
-        end = max(gpu, h2d, d2h, ag, rs, cpu)
-        tail_why = "cpu" if cpu >= max(d2h, rs) else ("d2h" if d2h >= rs else "collective")
-        exposure[tail_why] += end - gpu_done
-        return {"fwd": fwd_done, "bwd": end - fwd_done, "exposure": exposure}
+            gate = self.bwd_end[later] if later < nu else 0.0
+            ready, why = self.gpu, "bubble"
+            if not w.resident_in_backward(u):
+                ready, why = self._deliver(u, gate, False)
+            if self.ckpt_in[u]:
+                self.h2d_t = max(self.h2d_t, self.ckpt_end[u], gate) + self.ckpt_in[u]
+                if self.h2d_t > ready:
+                    ready, why = self.h2d_t, "h2d"
+            if later < nu and self.grad_end[later] > ready:
+                ready, why = self.grad_end[later], "d2h"
+            self._wait(ready, why)
+            self.gpu = self.bwd_end[u] = (self.gpu if self.gpu > ready else ready) + w.units[u].bwd_s
+            self._gradient_out(u)
+
+    def _gradient_out(self, u: int) -> None:
+        """Reduce (GPU links) and copy out (D2H) unit ``u``'s gradient; ``as_ready`` updates it on landing."""
+        if self.gpu_state[u]:  # the gradient stays on the GPU (all-reduced across ranks)
+            if self.allreduce[u]:
+                self.rs_t = max(self.rs_t, self.gpu) + self.allreduce[u]
+            self.grad_end[u] = self.rs_t if self.allreduce[u] else self.gpu
+            return
+        rs_start = self.gpu
+        if self.rs[u]:
+            rs_start = max(self.rs_t, self.gpu)
+            self.rs_t = rs_start + self.rs[u]
+        ds, self.grad_end[u] = self._pipelined(self.d2h_t, rs_start, self.rs[u],
+                                               self.rs_t if self.rs[u] else self.gpu, self.d2h[u])
+        self.d2h_t = self.grad_end[u]
+        if self.w.policy.update_schedule == "as_ready":
+            self._update(u, ds, self.d2h[u], self.grad_end[u])
 
     def phase_traffic(self) -> tuple[dict[str, float], dict[str, float]]:
         """Host DRAM bytes and PCIe duplex bytes (all ranks) issued in the forward and backward windows."""

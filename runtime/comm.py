@@ -13,11 +13,6 @@ import torch
 import torch.distributed as dist
 
 
-def shard_bounds(a: int, b: int, world: int) -> list[int]:
-    """Split [a, b) into ``world`` contiguous, nearly equal parts; part r is [bounds[r], bounds[r + 1])."""
-    return [a + (b - a) * r // world for r in range(world + 1)]
-
-
 @dataclass
 class Comm:
     rank: int = 0

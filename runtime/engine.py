@@ -26,7 +26,9 @@ from torch.func import functional_call
 from slidedp.errors import SlideDPError
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
-from slidedp.runtime.comm import Comm, shard_bounds
+from slidedp.resources import ADAM_HOST_BYTES_BASE, CAST_HOST_BYTES, FUSED_ADAM_HOST_BYTES
+from slidedp.routes import shard_bounds
+from slidedp.runtime.comm import Comm
 from slidedp.runtime.cpu_adam import fused_kernel, fused_kernel_error
 from slidedp.runtime.device import Device
 from slidedp.runtime.gpu_state import GpuOptimizerState
@@ -35,13 +37,7 @@ from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig, adamw_chunk_, clip_coefficient, lr_at
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.runtime.updates import UpdateWorker
-from slidedp.workload import (
-    ADAM_HOST_BYTES_BASE,
-    CAST_HOST_BYTES,
-    FUSED_ADAM_HOST_BYTES,
-    build_units,
-    resident_in_backward,
-)
+from slidedp.units import resident_in_backward, unit_work
 
 
 def chunk_ranges(n: int, chunks: int) -> list[tuple[int, int]]:
@@ -140,8 +136,7 @@ class StreamingEngine:
         for chunks in self._unit_chunks[:-1]:
             self._chunk_base.append(self._chunk_base[-1] + len(chunks))
         self._scratch = torch.empty(largest_chunk, dtype=torch.float32)  # the optimizer worker's fp32 gradient
-        self._sim_units = build_units(spec, _dummy_gpu(), policy.activation, policy.micro_batch, policy.accumulation,
-                                      seq)
+        self._sim_units = unit_work(spec, policy.activation, policy.micro_batch, policy.accumulation, seq)
         if policy.gpu_state_units > len(self.units):
             raise SlideDPError(f"policy.gpu_state_units {policy.gpu_state_units} exceeds the model's "
                                f"{len(self.units)} units")
@@ -621,11 +616,3 @@ class StreamingEngine:
         self.worker.close()
         self.worker = None  # break the engine <-> worker cycle so the host state can be freed at once
 
-
-def _dummy_gpu():
-    """FLOP annotations only need the model's shape; times from this GPU spec are never used."""
-    from slidedp.hardware import GPUSpec
-
-    return GPUSpec(name="trace", memory_gib=1.0, h2d_gbps=1.0, d2h_gbps=1.0, duplex_gbps=1.0, pcie_latency_us=0.0,
-                   matmul_tflops=1.0, attention_tflops=1.0, half_efficiency_tokens=0.0, layer_overhead_us=0.0,
-                   reserve_gib=0.0)

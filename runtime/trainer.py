@@ -35,7 +35,8 @@ from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.sim import simulate
-from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload
+from slidedp.trace import EXPOSURE_CATEGORIES
+from slidedp.workload import StepWorkload
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 

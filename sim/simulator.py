@@ -8,10 +8,11 @@ import pandas as pd
 import simpy
 
 from slidedp.exposure import exposure_from_chain, limiter
+from slidedp.resources import resource_capacities
 from slidedp.schedule import Plan, build_plan
 from slidedp.sim.fluid import FluidNetwork
-from slidedp.trace import make_trace
-from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload, resource_capacities
+from slidedp.trace import EXPOSURE_CATEGORIES, make_trace
+from slidedp.workload import StepWorkload
 
 
 @dataclass

@@ -14,7 +14,7 @@ import bisect
 import pandas as pd
 
 from slidedp.schedule import Plan
-from slidedp.workload import EXPOSURE_CATEGORIES, OP_CATEGORY
+from slidedp.trace import EXPOSURE_CATEGORIES, OP_CATEGORY
 
 
 def _walk(categories: list[str], start, end, blocker, lo: float, hi: float, cur: int,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slidedp.workload import StepWorkload, collective_usage, dma_usage
+from slidedp.resources import collective_usage, dma_usage
+from slidedp.workload import StepWorkload
 
 STREAM_KINDS: tuple[str, ...] = ("gpu", "h2d", "d2h", "ag", "rs", "cpu")
 
@@ -79,7 +80,7 @@ class _Builder:
             deps = list(deps_of_rank(rank))
             stream = f"cpu[{rank}]"
             common = dict(rank=rank, stream=stream, resource=stream, unit=u, chunk=c, flops=0.0)
-            if w.needs_cpu_reduce():
+            if w.routes.cpu_reduces:
                 hb = w.cpu_reduce_host_bytes(params)
                 plan.add(op="cpu_reduce", amount=hb, host_bytes=hb, deps=deps, usage={"hostmem": 1.0},
                          cap=w.cpu_reduce_cap(), **common)
@@ -186,7 +187,7 @@ class _Builder:
 
     def _landed_deps(self, u: int, c: int):
         def deps(rank: int) -> list[int]:
-            if self.w.policy.grad_route == "reduce_scatter":
+            if self.w.routes.shards_updates:
                 return [self.grad_out[(u, c, rank)]]
             return [self.grad_out[(u, c, r)] for r in range(self.n)]
         return deps

@@ -15,7 +15,8 @@ from slidedp.model import estimate_step
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.sim import simulate
-from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload
+from slidedp.trace import EXPOSURE_CATEGORIES
+from slidedp.workload import StepWorkload
 
 POLICY_PRESETS: dict[str, Policy] = {
     "sharded": Policy(param_route="sharded", grad_route="reduce_scatter"),

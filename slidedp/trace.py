@@ -13,10 +13,22 @@ import pandas as pd
 
 from slidedp.errors import SlideDPError
 
+# Trace op names, grouped by the resource category exposure is attributed to.
+OP_CATEGORY: dict[str, str] = {
+    "h2d_param": "h2d", "h2d_ckpt": "h2d",
+    "d2h_grad": "d2h", "d2h_ckpt": "d2h",
+    "allgather": "collective", "reduce_scatter": "collective", "allreduce": "collective",
+    "cpu_reduce": "cpu", "adam": "cpu", "cast": "cpu",
+    "fwd": "compute", "bwd": "compute", "gpu_adam": "compute",
+}
+EXPOSURE_CATEGORIES: tuple[str, ...] = ("h2d", "d2h", "collective", "cpu", "bubble")
+
 TRACE_COLUMNS: tuple[str, ...] = (
-    "rank", "resource", "op", "layer", "chunk", "micro_batch", "start_s", "end_s", "bytes", "flops", "host_bytes",
+    "rank", "resource", "op", "unit", "chunk", "micro_batch", "start_s", "end_s", "bytes", "flops", "host_bytes",
 )
-_DTYPES = {"rank": "int64", "layer": "int64", "chunk": "int64", "micro_batch": "int64", "start_s": "float64",
+# Traces written before the column was named for what it holds (a unit index: 0 is the embedding).
+_RENAMED_COLUMNS = {"layer": "unit"}
+_DTYPES = {"rank": "int64", "unit": "int64", "chunk": "int64", "micro_batch": "int64", "start_s": "float64",
            "end_s": "float64", "bytes": "float64", "flops": "float64", "host_bytes": "float64",
            "resource": "str", "op": "str"}
 
@@ -28,6 +40,8 @@ def make_trace(rows: list[tuple]) -> pd.DataFrame:
 
 
 def validate_trace(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.rename(columns={old: new for old, new in _RENAMED_COLUMNS.items()
+                            if old in df.columns and new not in df.columns})
     missing = [c for c in TRACE_COLUMNS if c not in df.columns]
     if missing:
         raise SlideDPError(f"trace lacks column(s): {', '.join(missing)}")
@@ -77,7 +91,7 @@ def to_chrome_trace(df: pd.DataFrame) -> dict:
             tids[key] = len(tids)
             events.append({"ph": "M", "name": "thread_name", "pid": int(row.rank), "tid": tids[key],
                            "args": {"name": row.resource}})
-        name = row.op if row.layer < 0 else f"{row.op} L{row.layer}" + (f".c{row.chunk}" if row.chunk >= 0 else "")
+        name = row.op if row.unit < 0 else f"{row.op} U{row.unit}" + (f".c{row.chunk}" if row.chunk >= 0 else "")
         events.append({
             "ph": "X", "name": name, "cat": row.op, "pid": int(row.rank), "tid": tids[key],
             "ts": row.start_s * 1e6, "dur": (row.end_s - row.start_s) * 1e6,
@@ -87,5 +101,9 @@ def to_chrome_trace(df: pd.DataFrame) -> dict:
 
 
 def from_chrome_trace(data: dict) -> pd.DataFrame:
-    rows = [tuple(e["args"][c] for c in TRACE_COLUMNS) for e in data.get("traceEvents", []) if e.get("ph") == "X"]
+    def column(args: dict, name: str):
+        old = next((o for o, n in _RENAMED_COLUMNS.items() if n == name and o in args), None)
+        return args[name] if name in args or old is None else args[old]
+    rows = [tuple(column(e["args"], c) for c in TRACE_COLUMNS) for e in data.get("traceEvents", [])
+            if e.get("ph") == "X"]
     return make_trace(rows)

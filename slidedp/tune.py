@@ -23,7 +23,9 @@ from slidedp.model_spec import ModelSpec
 from slidedp.policy import ACTIVATION_POLICIES, GRAD_ROUTES, PARAM_ROUTES, UPDATE_SCHEDULES, Policy
 from slidedp.problem import Budget
 from slidedp.sim import SimResult, simulate
-from slidedp.workload import EXPOSURE_CATEGORIES, StepWorkload, Unit, build_units
+from slidedp.trace import EXPOSURE_CATEGORIES
+from slidedp.units import Unit, build_units
+from slidedp.workload import StepWorkload
 
 Progress = Callable[[int, int], None]
 

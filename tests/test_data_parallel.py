@@ -57,8 +57,8 @@ def test_gpu_state_units_all_reduce_and_match_single_process(tmp_path, grad_rout
     assert result["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
     torch.testing.assert_close(result["master"], master, rtol=1e-5, atol=2e-6)
     trace = __import__("pandas").read_parquet(tmp_path / "dp2.trace1.parquet")
-    assert set(trace[trace.op == "allreduce"].layer) == {0, 1}
-    assert not set(trace[trace.op.isin(["h2d_param", "allgather", "d2h_grad"])].layer) & {0, 1}
+    assert set(trace[trace.op == "allreduce"].unit) == {0, 1}
+    assert not set(trace[trace.op.isin(["h2d_param", "allgather", "d2h_grad"])].unit) & {0, 1}
 
 
 def test_three_ranks_hold_one_copy_of_the_state(tmp_path):

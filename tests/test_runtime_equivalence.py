@@ -175,7 +175,7 @@ def test_gpu_state_units_move_nothing_over_pcie(tmp_path):
     engine.step(data[0])
     trace = engine.step(data[1]).trace
     host_ops = trace[trace.op.isin(["h2d_param", "d2h_grad", "adam", "cast"])]
-    assert set(host_ops.layer) == {2, 3, 4}
+    assert set(host_ops.unit) == {2, 3, 4}
     assert (trace.op == "gpu_adam").sum() == 1
     spec = ModelSpec.from_hf_config(json.loads(Path(path).read_text()), "tiny")
     hw = load_hardware("h200-x1")

@@ -89,7 +89,7 @@ def test_gpu_state_units_agree_between_model_and_simulator_and_conserve_bytes(w)
             assert by_op.loc[op, column] == pytest.approx(value, rel=1e-9, abs=1e-6), (op, column)
     held = set(range(w.policy.gpu_state_units))
     host_ops = sim.trace[sim.trace.op.isin(["h2d_param", "d2h_grad", "adam", "allgather", "reduce_scatter"])]
-    assert not held & set(host_ops.layer)
+    assert not held & set(host_ops.unit)
     assert (sim.trace.op == "allreduce").any() == (w.ranks > 1)
 
 

@@ -14,8 +14,7 @@ from slidedp.model import estimate_step, memory_shortfalls
 from slidedp.problem import resolve_budget, resolve_problem
 from slidedp.report.rundir import write_run_dir
 from slidedp.sim import simulate
-from slidedp.trace import save_trace
-from slidedp.workload import EXPOSURE_CATEGORIES
+from slidedp.trace import EXPOSURE_CATEGORIES, save_trace
 
 
 def run_simulate(args: argparse.Namespace) -> int:

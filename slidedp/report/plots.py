@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from slidedp.workload import EXPOSURE_CATEGORIES  # noqa: E402
+from slidedp.trace import EXPOSURE_CATEGORIES  # noqa: E402
 
 OP_COLORS = {
     "fwd": "#4c72b0", "bwd": "#2a4d80", "h2d_param": "#55a868", "h2d_ckpt": "#8fd18f", "d2h_grad": "#c44e52",

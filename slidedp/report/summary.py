@@ -10,7 +10,7 @@ import pandas as pd
 
 from slidedp.report import plots
 from slidedp.report.rundir import RunDir
-from slidedp.workload import EXPOSURE_CATEGORIES
+from slidedp.trace import EXPOSURE_CATEGORIES
 
 
 @dataclass

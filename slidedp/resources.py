@@ -1,0 +1,73 @@
+"""The shared resources of a host and what each kind of traffic costs them.
+
+Every flow in the simulator, every floor in the analytical model and every byte count in a measured trace
+is expressed against these resources: a GPU's PCIe directions and duplex cap, a switch uplink, the host's
+DRAM, a GPU's collective link. Their names are what bottleneck reports show.
+
+The CPU passes of the optimizer are DRAM traffic too; their bytes per parameter are defined here once and
+used by the workload, the runtime's trace annotations and the calibration fits alike.
+"""
+
+from __future__ import annotations
+
+from slidedp.hardware import GB, HardwareProfile
+
+# DRAM bytes per parameter of the CPU passes (fp32 master, m and v are 4 bytes each).
+ADAM_HOST_BYTES_BASE = 24  # read p, m, v + write p, m, v; the gradient read is added per dtype
+CAST_HOST_BYTES = 6  # read fp32 master, write bf16 copy for the next step's H2D
+BF16_WRITE_BYTES = 2  # the one-pass kernel also writes the bf16 weights the next H2D reads
+
+
+def adam_host_bytes_per_param(grad_bytes: int, fused_cast: bool) -> int:
+    """DRAM bytes one parameter's AdamW moves: read p, m, v and the gradient, write p, m, v, and with the
+    one-pass kernel (``fused_cast``) the bf16 weights as well (28 B with bf16 gradients)."""
+    return ADAM_HOST_BYTES_BASE + grad_bytes + (BF16_WRITE_BYTES if fused_cast else 0)
+
+
+# The one-pass kernel with bf16 gradients: read p, m, v + bf16 grad, write p, m, v + bf16 weights.
+FUSED_ADAM_HOST_BYTES = adam_host_bytes_per_param(2, fused_cast=True)
+
+
+def resource_capacities(hw: HardwareProfile) -> dict[str, float]:
+    """Bytes/s of every shared resource a flow can cross: its name is what bottleneck reports show."""
+    caps: dict[str, float] = {"hostmem": hw.host.mem_bw_gbps * GB}
+    for g in range(hw.num_gpus):
+        caps[f"h2d[{g}]"] = hw.gpu.h2d_gbps * GB
+        caps[f"d2h[{g}]"] = hw.gpu.d2h_gbps * GB
+        caps[f"pcie[{g}]"] = hw.gpu.duplex_gbps * GB
+        if hw.link.kind == "nvlink":
+            caps[f"link[{g}]"] = hw.link.bw_gbps * GB
+    for s, sw in enumerate(hw.switches):
+        caps[f"uplink_h2d[{s}]"] = sw.uplink_gbps * GB
+        caps[f"uplink_d2h[{s}]"] = sw.uplink_gbps * GB
+    return caps
+
+
+def dma_usage(hw: HardwareProfile, gpu: int, direction: str) -> dict[str, float]:
+    """Resources one byte of a host<->GPU copy crosses."""
+    usage = {f"{direction}[{gpu}]": 1.0, f"pcie[{gpu}]": 1.0, "hostmem": 1.0}
+    sw = hw.switch_of(gpu)
+    if sw is not None:
+        usage[f"uplink_{direction}[{sw}]"] = 1.0
+    return usage
+
+
+def collective_usage(hw: HardwareProfile, gpu: int) -> dict[str, float]:
+    """Resources one byte a rank sends in a ring collective crosses.
+
+    Over NVLink only the GPU's link. Without peer access NCCL stages through host memory: every byte
+    goes down one PCIe link and up another and is written and read in DRAM.
+    """
+    if hw.link.kind == "nvlink":
+        return {f"link[{gpu}]": 1.0}
+    usage = {f"h2d[{gpu}]": 1.0, f"d2h[{gpu}]": 1.0, f"pcie[{gpu}]": 2.0, "hostmem": 2.0}
+    sw = hw.switch_of(gpu)
+    if sw is not None:
+        usage[f"uplink_h2d[{sw}]"] = 1.0
+        usage[f"uplink_d2h[{sw}]"] = 1.0
+    return usage
+
+
+def seconds_per_byte(usage: dict[str, float], caps: dict[str, float]) -> float:
+    """Seconds per byte of a lone flow with this usage: the slowest resource it crosses."""
+    return max(k / caps[r] for r, k in usage.items())

@@ -1,0 +1,123 @@
+"""A step's streamed units: what each one computes (from the model's shape) and how long it takes.
+
+The embedding, each decoder layer and the final norm + lm_head are units, streamed as a whole. Their work
+(parameters, FLOPs, checkpoint bytes) depends only on the model, the activation policy and the batching,
+so the runtime annotates its traces from :func:`unit_work` without any GPU spec; the models and the
+simulator time that work on a GPU with :func:`build_units`.
+
+Times and FLOPs are per rank for the whole step (all micro-batches), because layers are streamed once per
+step in layer-major order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slidedp.errors import SlideDPError
+from slidedp.hardware import GPUSpec
+from slidedp.model_spec import ModelSpec
+
+RECOMPUTING_ACTIVATIONS: tuple[str, ...] = ("recompute", "offload")
+
+
+@dataclass(frozen=True)
+class UnitWork:
+    """What one unit computes in a step, independent of the machine.
+
+    ``linear_flops`` and ``attention_flops`` are one micro-batch's forward FLOPs; backward costs twice
+    the forward, plus the forward again where the unit reruns it (``recompute``).
+    """
+
+    index: int
+    name: str
+    kind: str  # embed | layer | head
+    params: int
+    linear_flops: float
+    attention_flops: float
+    tokens: int  # per micro-batch
+    micro_batches: int
+    recompute: bool
+    checkpoint_bytes: float  # per rank, offloaded to host and reloaded (offload policy only)
+    pinned: bool = False  # stays on the GPU all step (a tied embedding, which the head reuses)
+
+    @property
+    def fwd_flops(self) -> float:
+        return (self.linear_flops + self.attention_flops) * self.micro_batches
+
+    @property
+    def bwd_flops(self) -> float:
+        """Includes the recomputed forward where the activation policy (or the chunked loss) recomputes."""
+        return (2 + (1 if self.recompute else 0)) * (self.linear_flops + self.attention_flops) * self.micro_batches
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A unit's work timed on one GPU (see :func:`build_units`)."""
+
+    index: int
+    name: str
+    kind: str  # embed | layer | head
+    params: int
+    fwd_flops: float
+    fwd_s: float
+    bwd_flops: float  # includes the recomputed forward where the activation policy recomputes
+    bwd_s: float
+    checkpoint_bytes: float  # per rank, offloaded to host and reloaded (offload policy only)
+    pinned: bool = False  # stays on the GPU all step (a tied embedding, which the head reuses)
+
+
+def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int, seq: int) -> tuple[UnitWork, ...]:
+    """The units of ``m`` with their work for one activation policy and micro-batching."""
+    mb_tokens = seq * micro_batch
+    recompute = activation in RECOMPUTING_ACTIVATIONS
+    lin = m.layer_linear_flops_per_token() * mb_tokens
+    attn = m.layer_attention_flops_per_token(seq) * mb_tokens
+    ckpt = (m.checkpoint_bytes_per_token() * mb_tokens * accumulation) if activation == "offload" else 0.0
+    units = [UnitWork(0, "embed", "embed", m.embedding_params, 0.0, 0.0, mb_tokens, accumulation, False, 0.0,
+                      pinned=m.tied_embeddings)]
+    for i in range(m.layers):
+        units.append(UnitWork(i + 1, f"layer{i}", "layer", m.layer_params, lin, attn, mb_tokens, accumulation,
+                              recompute, ckpt))
+    # The chunked loss recomputes each logits chunk in backward, so the head always pays 3x fwd + 1 fwd.
+    units.append(UnitWork(m.layers + 1, "head", "head", m.head_params, m.head_flops_per_token() * mb_tokens, 0.0,
+                          mb_tokens, accumulation, True, 0.0))
+    return tuple(units)
+
+
+def time_unit(work: UnitWork, gpu: GPUSpec) -> Unit:
+    """Forward and backward seconds of one unit's work on ``gpu``: linears at their token-dependent rate,
+    attention at its rate, a fixed per-pass overhead, backward as fitted multiples of the forward parts."""
+    overhead = gpu.layer_overhead_us * 1e-6
+    lin_s = gpu.linear_time(work.linear_flops, work.tokens)
+    att_s = gpu.attention_time(work.attention_flops)
+    fwd_s = lin_s + att_s + overhead
+    bwd_s = gpu.backward_linear_ratio * lin_s + gpu.backward_attention_ratio * att_s + overhead
+    if work.recompute:
+        bwd_s += fwd_s
+    mb = work.micro_batches
+    return Unit(work.index, work.name, work.kind, work.params, work.fwd_flops, fwd_s * mb, work.bwd_flops, bwd_s * mb,
+                work.checkpoint_bytes, work.pinned)
+
+
+def build_units(m: ModelSpec, gpu: GPUSpec, activation: str, micro_batch: int, accumulation: int,
+                seq: int) -> tuple[Unit, ...]:
+    """Streamed units with per-rank step times and FLOPs for one micro-batching and activation policy.
+
+    Separate from StepWorkload so a tuner can reuse units across policies that share these inputs.
+    """
+    return tuple(time_unit(w, gpu) for w in unit_work(m, activation, micro_batch, accumulation, seq))
+
+
+def check_gpu_state_units(count: int, num_units: int) -> None:
+    """``Policy.gpu_state_units`` cannot hold more units than the model has."""
+    if count > num_units:
+        raise SlideDPError(f"policy.gpu_state_units {count} exceeds the model's {num_units} units "
+                           f"(embedding, {num_units - 2} layers, head)")
+
+
+def resident_in_backward(units, prefetch_depth: int, gpu_state_units: int = 0) -> tuple[bool, ...]:
+    """Per unit, whether it is still on the GPU when backward starts (the last prefetch window, pinned, or
+    one of the leading units whose state lives on the GPU), so its backward needs no re-fetch: the
+    simulator's schedule and the runtime both follow this."""
+    first = len(units) - prefetch_depth
+    return tuple(u >= first or u < gpu_state_units or unit.pinned for u, unit in enumerate(units))
