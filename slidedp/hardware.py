@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from slidedp.compute import ComputeCurves
 from slidedp.config_io import from_mapping, read_mapping, to_mapping, write_mapping
 from slidedp.errors import SlideDPError
 
@@ -71,6 +72,10 @@ class GPUSpec:
     # AdamW on GPU-held state (policy.gpu_state_units), clip and bf16 copy included: HBM-bound, so about
     # HBM bandwidth / 40 bytes per parameter (fitted by slidedp calibrate).
     adam_gparams_per_s: float = 50.0
+    # Shape-aware compute curves (slidedp.compute): when present, units are costed operation by operation
+    # from their shapes and the layer-level fields above (matmul/attention rates, ratios, overhead) are
+    # not used for compute time.
+    compute: ComputeCurves | None = None
 
     def __post_init__(self) -> None:
         _positive("gpu", memory_gib=self.memory_gib, h2d_gbps=self.h2d_gbps, d2h_gbps=self.d2h_gbps,

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 
+from slidedp import compute as c
 from slidedp.errors import SlideDPError
 
 BF16_BYTES = 2
@@ -114,6 +115,60 @@ class ModelSpec:
         attention = BF16_BYTES * (2 * q + 2 * kv) + 4 * self.heads
         mlp = 4 * BF16_BYTES * f
         return norms + qk_norm + rope + attention + mlp
+
+    # ---- operations (shape-aware compute: slidedp.compute) ----------------------------------------------
+    @property
+    def layer_tensors(self) -> int:
+        """Parameter tensors of one decoder layer (q, k, v, o, gate, up, down, two norms, biases, q/k norms)."""
+        return 9 + (3 if self.attn_bias else 0) + (2 if self.qk_norm else 0)
+
+    def layer_forward_ops(self, batch: int, seq: int) -> list[c.ComputeOp]:
+        """One decoder layer's forward on ``batch`` sequences of ``seq`` tokens, as the HF layer runs it:
+        RMSNorm, q/k/v projections (+ biases: Qwen2), q/k norms (Qwen3), rotary, flash attention, output
+        projection, residual, RMSNorm, gate/up projections, SwiGLU, down projection, residual."""
+        t, h, q, kv = batch * seq, self.hidden, self.q_dim, self.kv_dim
+        ops: list[c.ComputeOp] = [
+            c.Elementwise("rmsnorm", t * h * c.RMSNORM_BYTES, c.RMSNORM_KERNELS),
+            c.Gemm(t, q, h), c.Gemm(t, kv, h, count=2),
+        ]
+        if self.attn_bias:
+            ops.append(c.Elementwise("qkv_bias", t * (q + 2 * kv) * c.BIAS_BYTES, 3 * c.BIAS_KERNELS))
+        if self.qk_norm:
+            ops.append(c.Elementwise("qk_norm", t * (q + kv) * c.RMSNORM_BYTES, 2 * c.RMSNORM_KERNELS))
+        ops += [
+            c.Elementwise("rotary", t * (q + kv) * c.ROTARY_BYTES, 2 * c.ROTARY_KERNELS),
+            c.Attention(batch, seq, self.heads, self.kv_heads, self.head_dim),
+            c.Gemm(t, h, q),
+            c.Elementwise("residual", t * h * c.RESIDUAL_BYTES, c.RESIDUAL_KERNELS),
+            c.Elementwise("rmsnorm", t * h * c.RMSNORM_BYTES, c.RMSNORM_KERNELS),
+            c.Gemm(t, self.ffn, h, count=2),
+            c.Elementwise("swiglu", t * self.ffn * c.SWIGLU_BYTES, c.SWIGLU_KERNELS),
+            c.Gemm(t, h, self.ffn),
+            c.Elementwise("residual", t * h * c.RESIDUAL_BYTES, c.RESIDUAL_KERNELS),
+        ]
+        return ops
+
+    def head_ops(self, tokens: int, loss_chunk_tokens: int) -> tuple[list[c.ComputeOp], list[c.ComputeOp]]:
+        """Forward and backward of the final norm, lm_head and cross-entropy over ``tokens`` tokens in chunks
+        of ``loss_chunk_tokens``: each chunk's logits are made, used and differentiated at once (never
+        recomputed), and each chunk adds its fp32 weight gradient (read 2 + 4, write 4 ... 18 B/param)."""
+        h, v = self.hidden, self.vocab
+        full, rest = divmod(tokens, loss_chunk_tokens)
+        gemms = [c.Gemm(loss_chunk_tokens, v, h, count=full)] if full else []
+        if rest:
+            gemms.append(c.Gemm(rest, v, h))
+        chunks = full + (1 if rest else 0)
+        norm = c.Elementwise("rmsnorm", tokens * h * c.RMSNORM_BYTES, chunks * c.RMSNORM_KERNELS)
+        logits = c.Elementwise("logits", tokens * v * c.LOGITS_BYTES, chunks * c.LOGITS_KERNELS)
+        forward: list[c.ComputeOp] = [norm, *gemms, logits]
+        accumulate = c.Elementwise("head_grad_accumulate", chunks * v * h * 18.0, 2 * chunks)
+        return forward, [*c.backward_ops([norm, *gemms]), accumulate]
+
+    def embedding_ops(self, tokens: int) -> tuple[list[c.ComputeOp], list[c.ComputeOp]]:
+        """The lookup (one row gathered per token) and its backward (rows scatter-added into the fp32 table:
+        read the bf16 gradient, upcast, read-modify-write the row: 14 B per element)."""
+        return ([c.Elementwise("embedding", tokens * self.hidden * c.EMBED_BYTES, c.EMBED_KERNELS)],
+                [c.Elementwise("embedding_grad", tokens * self.hidden * 14.0, 2)])
 
     def to_dict(self) -> dict:
         return asdict(self)

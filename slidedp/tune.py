@@ -148,9 +148,10 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
     smallest_policy: Policy | None = None
     total = len(policies) + refine_top
     for i, policy in enumerate(policies):
-        key = (policy.activation, policy.micro_batch, policy.accumulation)
+        key = (policy.activation, policy.micro_batch, policy.accumulation, policy.loss_chunk_tokens)
         if key not in units_cache:
-            units_cache[key] = build_units(model, hw.gpu, *key, seq)
+            act, mb, acc, loss_chunk = key
+            units_cache[key] = build_units(model, hw.gpu, act, mb, acc, seq, loss_chunk)
         w = StepWorkload(model, hw, policy, seq, global_batch, units=units_cache[key])
         mem = estimate_memory(w)
         smallest_host = min(smallest_host, mem.host_total)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from slidedp.compute import ComputeOp, backward_ops, gradient_ops
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GPUSpec
 from slidedp.model_spec import ModelSpec
@@ -39,6 +40,12 @@ class UnitWork:
     recompute: bool
     checkpoint_bytes: float  # per rank, offloaded to host and reloaded (offload policy only)
     pinned: bool = False  # stays on the GPU all step (a tied embedding, which the head reuses)
+    # The operations it runs (slidedp.compute), for GPUs with shape-aware compute curves: per micro-batch
+    # forward, backward and what backward reruns of the forward; per step, the gradient bookkeeping.
+    fwd_ops: tuple[ComputeOp, ...] = ()
+    bwd_ops: tuple[ComputeOp, ...] = ()
+    recompute_ops: tuple[ComputeOp, ...] = ()
+    step_ops: tuple[ComputeOp, ...] = ()
 
     @property
     def fwd_flops(self) -> float:
@@ -66,27 +73,42 @@ class Unit:
     pinned: bool = False  # stays on the GPU all step (a tied embedding, which the head reuses)
 
 
-def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int, seq: int) -> tuple[UnitWork, ...]:
+def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int, seq: int,
+              loss_chunk_tokens: int = 4096) -> tuple[UnitWork, ...]:
     """The units of ``m`` with their work for one activation policy and micro-batching."""
     mb_tokens = seq * micro_batch
     recompute = activation in RECOMPUTING_ACTIVATIONS
     lin = m.layer_linear_flops_per_token() * mb_tokens
     attn = m.layer_attention_flops_per_token(seq) * mb_tokens
     ckpt = (m.checkpoint_bytes_per_token() * mb_tokens * accumulation) if activation == "offload" else 0.0
+    embed_fwd, embed_bwd = m.embedding_ops(mb_tokens)
     units = [UnitWork(0, "embed", "embed", m.embedding_params, 0.0, 0.0, mb_tokens, accumulation, False, 0.0,
-                      pinned=m.tied_embeddings)]
+                      pinned=m.tied_embeddings, fwd_ops=tuple(embed_fwd), bwd_ops=tuple(embed_bwd),
+                      step_ops=tuple(gradient_ops(m.embedding_params, 1, 0)))]
+    layer_fwd = tuple(m.layer_forward_ops(micro_batch, seq))
+    layer_bwd = tuple(backward_ops(list(layer_fwd)))
+    layer_grads = tuple(gradient_ops(m.layer_params, m.layer_tensors, accumulation))
     for i in range(m.layers):
         units.append(UnitWork(i + 1, f"layer{i}", "layer", m.layer_params, lin, attn, mb_tokens, accumulation,
-                              recompute, ckpt))
+                              recompute, ckpt, fwd_ops=layer_fwd, bwd_ops=layer_bwd,
+                              recompute_ops=layer_fwd if recompute else (), step_ops=layer_grads))
     # The chunked loss recomputes each logits chunk in backward, so the head always pays 3x fwd + 1 fwd.
+    head_fwd, head_bwd = m.head_ops(mb_tokens, loss_chunk_tokens)
     units.append(UnitWork(m.layers + 1, "head", "head", m.head_params, m.head_flops_per_token() * mb_tokens, 0.0,
-                          mb_tokens, accumulation, True, 0.0))
+                          mb_tokens, accumulation, True, 0.0, fwd_ops=tuple(head_fwd), bwd_ops=tuple(head_bwd),
+                          step_ops=tuple(gradient_ops(m.head_params, 1, 0))))
     return tuple(units)
 
 
 def time_unit(work: UnitWork, gpu: GPUSpec) -> Unit:
-    """Forward and backward seconds of one unit's work on ``gpu``: linears at their token-dependent rate,
-    attention at its rate, a fixed per-pass overhead, backward as fitted multiples of the forward parts."""
+    """Forward and backward seconds of one unit's work on ``gpu``.
+
+    With shape-aware curves (``gpu.compute``) each operation is costed from its shape and the unit's
+    passes are their sums plus a per-pass overhead. Otherwise the layer-level model: linears at their
+    token-dependent rate, attention at its rate, a fixed per-pass overhead, backward as fitted multiples
+    of the forward parts."""
+    if gpu.compute is not None:
+        return _time_ops(work, gpu)
     overhead = gpu.layer_overhead_us * 1e-6
     lin_s = gpu.linear_time(work.linear_flops, work.tokens)
     att_s = gpu.attention_time(work.attention_flops)
@@ -99,13 +121,26 @@ def time_unit(work: UnitWork, gpu: GPUSpec) -> Unit:
                 work.checkpoint_bytes, work.pinned)
 
 
+def _time_ops(work: UnitWork, gpu: GPUSpec) -> Unit:
+    curves = gpu.compute
+    overhead = curves.layer_overhead_us * 1e-6
+    fwd_s = curves.total_seconds(work.fwd_ops) + overhead
+    bwd_s = curves.total_seconds(work.bwd_ops) + curves.total_seconds(work.recompute_ops) + overhead
+    if work.recompute_ops:
+        bwd_s += overhead
+    mb = work.micro_batches
+    return Unit(work.index, work.name, work.kind, work.params, work.fwd_flops, fwd_s * mb, work.bwd_flops,
+                bwd_s * mb + curves.total_seconds(work.step_ops), work.checkpoint_bytes, work.pinned)
+
+
 def build_units(m: ModelSpec, gpu: GPUSpec, activation: str, micro_batch: int, accumulation: int,
-                seq: int) -> tuple[Unit, ...]:
+                seq: int, loss_chunk_tokens: int = 4096) -> tuple[Unit, ...]:
     """Streamed units with per-rank step times and FLOPs for one micro-batching and activation policy.
 
     Separate from StepWorkload so a tuner can reuse units across policies that share these inputs.
     """
-    return tuple(time_unit(w, gpu) for w in unit_work(m, activation, micro_batch, accumulation, seq))
+    return tuple(time_unit(w, gpu) for w in unit_work(m, activation, micro_batch, accumulation, seq,
+                                                      loss_chunk_tokens))
 
 
 def check_gpu_state_units(count: int, num_units: int) -> None:

@@ -58,7 +58,8 @@ class StepWorkload:
     @cached_property
     def units(self) -> tuple[Unit, ...]:
         pol = self.policy
-        return build_units(self.model, self.hw.gpu, pol.activation, pol.micro_batch, pol.accumulation, self.seq)
+        return build_units(self.model, self.hw.gpu, pol.activation, pol.micro_batch, pol.accumulation, self.seq,
+                           pol.loss_chunk_tokens)
 
     @property
     def num_units(self) -> int:

@@ -1,0 +1,198 @@
+"""Micro-benchmarks over a grid of operation shapes, for the shape-aware compute curves (calibration.shape_fit).
+
+The grid spans the shapes decoder layers of any common width produce (GEMMs from 256 to 16K rows, widths
+1K to 150K; causal flash attention from 1K to 32K tokens with grouped KV heads; the eager Hugging Face
+memory-bound modules), not one target model, so the fitted curves price a model nobody calibrated on.
+Whole decoder layers of a calibration model are timed too, only to fit the per-pass overhead.
+
+Timing: CUDA events around each run after a warm-up, median of ``repeats``; on a CPU the host clock, fp32
+and a small grid (the path the tests use). Every benchmark is bounded: a shape whose warm-up run takes
+longer than ``max_seconds`` is timed once.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from slidedp.calibration.shape_fit import ShapeSamples
+from slidedp import compute as c
+from slidedp.model_spec import ModelSpec
+
+Progress = Callable[[int, int], None]
+
+GPU_GEMMS: tuple[tuple[int, int, int], ...] = tuple(
+    (m, n, k) for m in (256, 1024, 4096, 16384)
+    for n, k in ((1024, 1024), (2048, 2048), (4096, 4096), (1024, 4096), (4096, 1024), (512, 4096),
+                 (14336, 4096), (4096, 14336), (8192, 2560), (2560, 8192), (151936, 2048), (32000, 4096)))
+CPU_GEMMS: tuple[tuple[int, int, int], ...] = ((16, 32, 32), (64, 64, 32), (128, 96, 64), (256, 128, 128),
+                                              (64, 256, 64), (512, 64, 128))
+# (batch, seq, heads, kv_heads, head_dim)
+GPU_ATTENTION = ((1, 1024, 32, 8, 128), (4, 1024, 16, 2, 128), (1, 2048, 24, 8, 128), (2, 4096, 32, 8, 128),
+                 (1, 4096, 16, 8, 64), (1, 8192, 32, 8, 128), (1, 16384, 16, 4, 128), (1, 32768, 32, 8, 128))
+CPU_ATTENTION = ((1, 32, 4, 2, 8), (2, 64, 4, 4, 16), (1, 128, 2, 1, 16))
+GPU_ELEMENTWISE = ((4096, 2048), (16384, 4096), (65536, 4096), (32768, 8192))  # (tokens, width)
+CPU_ELEMENTWISE = ((256, 64), (1024, 128))
+
+
+class _Timer:
+    def __init__(self, device: torch.device, repeats: int, max_seconds: float):
+        self.device, self.repeats, self.max_seconds = device, repeats, max_seconds
+        self.cuda = device.type == "cuda"
+
+    def seconds(self, fn: Callable[[], None]) -> float:
+        t0 = time.perf_counter()
+        fn()  # warm-up: kernel selection, allocator, page faults
+        self._sync()
+        repeats = 1 if time.perf_counter() - t0 > self.max_seconds else self.repeats
+        times = []
+        for _ in range(repeats):
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+        return statistics.median(times)
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+
+def gemm_samples(timer: _Timer, dtype: torch.dtype, shapes) -> list[tuple[c.Gemm, float]]:
+    out = []
+    for m, n, k in shapes:
+        a = torch.randn(m, k, dtype=dtype, device=timer.device)
+        b = torch.randn(k, n, dtype=dtype, device=timer.device)
+        out.append((c.Gemm(m, n, k), timer.seconds(lambda a=a, b=b: torch.mm(a, b))))
+        del a, b
+    return out
+
+
+def attention_samples(timer: _Timer, dtype: torch.dtype, shapes) -> list[tuple[c.Attention, float]]:
+    """Forward alone, and forward + backward minus forward, of causal SDPA with grouped KV heads in the
+    (batch, heads, seq, head_dim) layout the HF attention passes it."""
+    out = []
+    for b, s, h, kv, d in shapes:
+        q = torch.randn(b, h, s, d, dtype=dtype, device=timer.device, requires_grad=True)
+        k = torch.randn(b, kv, s, d, dtype=dtype, device=timer.device, requires_grad=True)
+        v = torch.randn(b, kv, s, d, dtype=dtype, device=timer.device, requires_grad=True)
+
+        def fwd(q=q, k=k, v=v):
+            with torch.no_grad():
+                F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != h)
+
+        def both(q=q, k=k, v=v):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != h)
+            torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+
+        t_fwd = timer.seconds(fwd)
+        t_both = timer.seconds(both)
+        out.append((c.Attention(b, s, h, kv, d), t_fwd))
+        out.append((c.Attention(b, s, h, kv, d, backward=True), max(t_both - t_fwd, 1e-9)))
+        del q, k, v
+    return out
+
+
+def elementwise_samples(timer: _Timer, dtype: torch.dtype, shapes) -> list[tuple[c.Elementwise, float]]:
+    """The HF memory-bound modules the layers run (RMSNorm, rotary, SwiGLU, residual add), each against
+    the byte and kernel counts slidedp.compute assigns it."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
+
+    out = []
+    for tokens, width in shapes:
+        x = torch.randn(1, tokens, width, dtype=dtype, device=timer.device)
+        y = torch.randn_like(x)
+        norm = Qwen3RMSNorm(width).to(device=timer.device, dtype=dtype)
+        heads = max(1, width // 128)
+        hd = width // heads
+        q = x.view(1, tokens, heads, hd).transpose(1, 2)
+        cos = torch.randn(1, tokens, hd, dtype=dtype, device=timer.device)
+        sin = torch.randn_like(cos)
+        n = tokens * width
+        with torch.no_grad():
+            out.append((c.Elementwise("rmsnorm", n * c.RMSNORM_BYTES, c.RMSNORM_KERNELS),
+                        timer.seconds(lambda x=x, norm=norm: norm(x))))
+            out.append((c.Elementwise("swiglu", n * c.SWIGLU_BYTES, c.SWIGLU_KERNELS),
+                        timer.seconds(lambda x=x, y=y: F.silu(x) * y)))
+            out.append((c.Elementwise("residual", n * c.RESIDUAL_BYTES, c.RESIDUAL_KERNELS),
+                        timer.seconds(lambda x=x, y=y: x + y)))
+            out.append((c.Elementwise("rotary", 2 * n * c.ROTARY_BYTES, 2 * c.ROTARY_KERNELS),
+                        timer.seconds(lambda q=q, cos=cos, sin=sin: apply_rotary_pos_emb(q, q, cos, sin))))
+        del x, y, q
+    return out
+
+
+def layer_samples(timer: _Timer, dtype: torch.dtype, model: str, grid) -> list[tuple[str, list, float]]:
+    """Forward and backward (forward + backward minus forward) of one decoder layer of ``model`` through the
+    runtime's own functional layer call, against the operations slidedp.compute lists for it."""
+    from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
+
+    cfg = load_hf_config(model)
+    spec = ModelSpec.from_hf_config(cfg.to_dict(), name=model)
+    adapter = ModelAdapter(cfg)
+    unit = adapter.units[1]
+    layer = adapter.layer_module(unit)
+    flat = (torch.randn(unit.numel, dtype=dtype, device=timer.device) * 0.02).requires_grad_()
+    rotary = adapter.rotary(timer.device)
+    out = []
+    for seq, batch in grid:
+        x = torch.randn(batch, seq, cfg.hidden_size, dtype=dtype, device=timer.device, requires_grad=True)
+        pos = torch.arange(seq, device=timer.device).unsqueeze(0)
+        pe = rotary(x, pos)
+
+        def run(backward: bool, x=x, pos=pos, pe=pe):
+            with torch.set_grad_enabled(backward):
+                params = {p.name: flat[p.offset:p.offset + p.numel].view(p.shape) for p in unit.params}
+                o = torch.func.functional_call(layer, params, (x,), {"attention_mask": None,
+                                                                     "position_embeddings": pe, "position_ids": pos})
+                o = o[0] if isinstance(o, tuple) else o
+                if backward:
+                    torch.autograd.grad(o, [x, flat], torch.ones_like(o))
+
+        fwd = timer.seconds(lambda: run(False))
+        both = timer.seconds(lambda: run(True))
+        ops = spec.layer_forward_ops(batch, seq)
+        out.append((f"{model} fwd s{seq} b{batch}", ops, fwd))
+        out.append((f"{model} bwd s{seq} b{batch}", c.backward_ops(ops), max(both - fwd, 1e-9)))
+    return out
+
+
+def shape_samples(layer_model: str | None = None, quick: bool = False, progress: Progress | None = None,
+                  repeats: int = 10, max_seconds: float = 2.0) -> ShapeSamples:
+    """Every family on this machine's device (CUDA when present, else the CPU in fp32 with a small grid)."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    timer = _Timer(device, 3 if quick else repeats, max_seconds)
+    gemms = GPU_GEMMS if cuda else CPU_GEMMS
+    if quick and cuda:
+        gemms = tuple(s for s in gemms if s[0] in (1024, 4096))
+    steps = 4 if layer_model else 3
+    samples = ShapeSamples()
+    samples.gemm = gemm_samples(timer, dtype, gemms)
+    if progress:
+        progress(1, steps)
+    samples.attention = attention_samples(timer, dtype, (GPU_ATTENTION[:4] if quick else GPU_ATTENTION)
+                                          if cuda else CPU_ATTENTION)
+    if progress:
+        progress(2, steps)
+    samples.elementwise = elementwise_samples(timer, dtype, GPU_ELEMENTWISE if cuda else CPU_ELEMENTWISE)
+    if progress:
+        progress(3, steps)
+    if layer_model:
+        grid = ([(1024, 1), (4096, 1), (4096, 4), (16384, 1)] if cuda else [(32, 1), (64, 2)])
+        samples.layers = layer_samples(timer, dtype, layer_model, grid)
+        if progress:
+            progress(4, steps)
+    return samples

@@ -1,0 +1,166 @@
+"""Shape-aware GPU compute: a unit's forward and backward as the operations it runs, each costed from its shape.
+
+A per-model fit of "layer seconds per FLOP" transfers poorly to architectures it was not fitted on (other
+hidden/FFN ratios, vocabularies, biases, sequence lengths). What transfers is the cost of each operation:
+a GEMM by (M, N, K), flash attention by (batch, sequence, heads, KV heads, head_dim), the memory-bound
+kernels (norms, rotary, activation, residual adds, gradient accumulation, the loss's fp32 logits) by the
+bytes they move and the kernels they launch. ``slidedp calibrate`` fits :class:`ComputeCurves` to
+micro-benchmarks over a grid of shapes (calibration.shape_bench), never to a target model, so a user's
+new architecture needs no new calibration.
+
+The byte and kernel counts below follow the eager Hugging Face implementations the runtime calls
+(transformers' RMSNorm upcasts to fp32 and runs several kernels; rotary embedding is rotate-half, two
+multiplies and an add); they are the one place those counts are written, and the micro-benchmarks time
+exactly those modules, so a count that is off by a constant is absorbed by the fitted bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slidedp.errors import SlideDPError
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """``count`` bf16 matrix products C[m, n] = A[m, k] @ B[k, n] with fp32 accumulation."""
+
+    m: int
+    n: int
+    k: int
+    count: int = 1
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.count
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Causal flash attention (SDPA) over ``batch`` sequences of ``seq`` tokens with grouped KV heads."""
+
+    batch: int
+    seq: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    backward: bool = False
+
+    @property
+    def flops(self) -> float:
+        """QK^T and PV over the causal half (forward); the backward recomputes P and runs five products
+        instead of two: 2.5x the forward."""
+        fwd = 2.0 * 2.0 * self.batch * self.heads * self.head_dim * self.seq * self.seq / 2.0
+        return 2.5 * fwd if self.backward else fwd
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """Memory-bound kernels: ``nbytes`` moved through HBM by ``kernels`` launches."""
+
+    name: str
+    nbytes: float
+    kernels: int
+
+    @property
+    def flops(self) -> float:
+        return 0.0
+
+
+ComputeOp = Gemm | Attention | Elementwise
+
+# Bytes per element and kernels of the eager HF memory-bound modules (forward). Backward kernels of an
+# elementwise chain read the saved input and the incoming gradient and write the outgoing one:
+# ELEMENTWISE_BACKWARD_FACTOR times the forward's bytes and kernels.
+RMSNORM_BYTES, RMSNORM_KERNELS = 36, 7  # bf16 in, fp32 upcast, pow, mean, rsqrt-mul, downcast, weight mul
+ROTARY_BYTES, ROTARY_KERNELS = 22, 6  # rotate_half (slice + cat), x*cos, rot*sin, add
+SWIGLU_BYTES, SWIGLU_KERNELS = 10, 2  # silu(gate), * up
+RESIDUAL_BYTES, RESIDUAL_KERNELS = 6, 1  # x + y in bf16
+BIAS_BYTES, BIAS_KERNELS = 6, 1  # a projection's bias added to its bf16 output
+LOGITS_BYTES, LOGITS_KERNELS = 30, 6  # fp32 upcast of the logits, log-softmax, gather, and their backward
+EMBED_BYTES, EMBED_KERNELS = 4, 1  # gather one bf16 row per token (read + write)
+ELEMENTWISE_BACKWARD_FACTOR = 2
+# Backward per parameter: zero the fp32 gradient (4 B), add each micro-batch's bf16 gradient into it
+# (read 4 + 2, write 4), square-sum for the norm (4) and cast to bf16 for the D2H (read 4, write 2).
+GRAD_ZERO_BYTES, GRAD_ACCUMULATE_BYTES, GRAD_FINISH_BYTES = 4, 10, 10
+
+
+@dataclass(frozen=True)
+class ComputeCurves:
+    """Efficiency curves of one GPU, fitted to micro-benchmarks over shapes (slidedp calibrate).
+
+    GEMM time = flops / (gemm_tflops x efficiency) + kernel_us, with efficiency 1 / (1 + m_half/M +
+    n_half/N + k_half/K): each small dimension costs occupancy or reuse on its own. Attention runs at its
+    forward or backward rate times seq / (seq + attention_half_seq), plus one kernel. Memory-bound kernels
+    move their bytes at ``memory_gbps`` plus kernel_us each. ``layer_overhead_us`` is the fixed cost of
+    one pass through a unit (Python dispatch of the module call, allocator).
+    """
+
+    gemm_tflops: float
+    gemm_half_m: float
+    gemm_half_n: float
+    gemm_half_k: float
+    attention_fwd_tflops: float
+    attention_bwd_tflops: float
+    attention_half_seq: float
+    memory_gbps: float
+    kernel_us: float
+    layer_overhead_us: float
+
+    def __post_init__(self) -> None:
+        for name in ("gemm_tflops", "attention_fwd_tflops", "attention_bwd_tflops", "memory_gbps"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                raise SlideDPError(f"gpu.compute.{name} must be a finite positive number, got {value!r}")
+        for name in ("gemm_half_m", "gemm_half_n", "gemm_half_k", "attention_half_seq", "kernel_us",
+                     "layer_overhead_us"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
+                raise SlideDPError(f"gpu.compute.{name} must be a finite number >= 0, got {value!r}")
+
+    def gemm_seconds(self, op: Gemm) -> float:
+        eff = 1.0 / (1.0 + self.gemm_half_m / op.m + self.gemm_half_n / op.n + self.gemm_half_k / op.k)
+        return op.count * (2.0 * op.m * op.n * op.k / (self.gemm_tflops * 1e12 * eff) + self.kernel_us * 1e-6)
+
+    def attention_seconds(self, op: Attention) -> float:
+        rate = self.attention_bwd_tflops if op.backward else self.attention_fwd_tflops
+        eff = op.seq / (op.seq + self.attention_half_seq)
+        return op.flops / (rate * 1e12 * eff) + self.kernel_us * 1e-6
+
+    def elementwise_seconds(self, op: Elementwise) -> float:
+        return op.nbytes / (self.memory_gbps * 1e9) + op.kernels * self.kernel_us * 1e-6
+
+    def seconds(self, op: ComputeOp) -> float:
+        if isinstance(op, Gemm):
+            return self.gemm_seconds(op)
+        if isinstance(op, Attention):
+            return self.attention_seconds(op)
+        return self.elementwise_seconds(op)
+
+    def total_seconds(self, ops: list[ComputeOp]) -> float:
+        return sum(self.seconds(op) for op in ops)
+
+
+def backward_ops(forward: list[ComputeOp]) -> list[ComputeOp]:
+    """The backward of a forward op list: a GEMM's input gradient (M x K from M x N by N x K) and weight
+    gradient (N x K from N x M by M x K), attention's backward kernel, elementwise chains at
+    ELEMENTWISE_BACKWARD_FACTOR times their bytes and kernels."""
+    out: list[ComputeOp] = []
+    for op in forward:
+        if isinstance(op, Gemm):
+            out.append(Gemm(op.m, op.k, op.n, op.count))
+            out.append(Gemm(op.n, op.k, op.m, op.count))
+        elif isinstance(op, Attention):
+            out.append(Attention(op.batch, op.seq, op.heads, op.kv_heads, op.head_dim, backward=True))
+        else:
+            out.append(Elementwise(op.name, ELEMENTWISE_BACKWARD_FACTOR * op.nbytes,
+                                   ELEMENTWISE_BACKWARD_FACTOR * op.kernels))
+    return out
+
+
+def gradient_ops(params: int, tensors: int, accumulations: int) -> list[ComputeOp]:
+    """Per-unit backward bookkeeping of the runtime: the fp32 gradient buffer zeroed, ``accumulations``
+    additions of each of the unit's ``tensors`` parameter gradients into it, then its norm and the bf16
+    cast for the D2H."""
+    nbytes = params * (GRAD_ZERO_BYTES + GRAD_ACCUMULATE_BYTES * accumulations + GRAD_FINISH_BYTES)
+    return [Elementwise("grad_accumulate", float(nbytes), 3 + tensors * accumulations)]

@@ -1,0 +1,157 @@
+"""Shape-aware compute: the operations of each architecture, their costs summing to unit times, and fits that
+recover known curves from synthetic, noisy measurements (never wall-clock timing of this machine)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from slidedp import compute as c
+from slidedp.calibration.shape_bench import GPU_ATTENTION, GPU_ELEMENTWISE, GPU_GEMMS
+from slidedp.calibration.shape_fit import ShapeSamples, fit_curves
+from slidedp.hardware import load_hardware
+from slidedp.model_spec import ModelSpec, load_model_spec
+from slidedp.units import build_units
+
+CURVES = c.ComputeCurves(gemm_tflops=700.0, gemm_half_m=120.0, gemm_half_n=60.0, gemm_half_k=90.0,
+                         attention_fwd_tflops=450.0, attention_bwd_tflops=330.0, attention_half_seq=900.0,
+                         memory_gbps=3300.0, kernel_us=6.0, layer_overhead_us=150.0)
+
+ARCHS = {
+    "llama": ModelSpec("llama", 4, 3072, 8192, 24, 8, 128, 128256),
+    "qwen2": ModelSpec("qwen2", 4, 2048, 11008, 16, 2, 128, 151936, tied_embeddings=True, attn_bias=True),
+    "qwen3": ModelSpec("qwen3", 4, 2048, 6144, 16, 8, 128, 151936, tied_embeddings=True, qk_norm=True),
+    "mistral": ModelSpec("mistral", 4, 4096, 14336, 32, 8, 128, 32000),
+}
+
+
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_layer_ops_have_the_models_flops(name):
+    m = ARCHS[name]
+    ops = m.layer_forward_ops(2, 1024)
+    gemm = sum(op.flops for op in ops if isinstance(op, c.Gemm))
+    attn = sum(op.flops for op in ops if isinstance(op, c.Attention))
+    tokens = 2 * 1024
+    # Biases and q/k norms are parameters without matmul FLOPs: the counts agree to their share.
+    assert gemm == pytest.approx(m.layer_linear_flops_per_token() * tokens, rel=2e-3)
+    assert attn == pytest.approx(m.layer_attention_flops_per_token(1024) * tokens)
+    names = {op.name for op in ops if isinstance(op, c.Elementwise)}
+    assert ("qkv_bias" in names) == m.attn_bias and ("qk_norm" in names) == m.qk_norm
+    back = c.backward_ops(ops)
+    assert sum(op.flops for op in back if isinstance(op, c.Gemm)) == pytest.approx(2 * gemm)
+
+
+def test_operation_costs_sum_to_the_unit_times():
+    hw = load_hardware("h200-x1")
+    gpu = replace(hw.gpu, compute=CURVES)
+    m = ARCHS["qwen3"]
+    for activation, mb, acc in (("recompute", 2, 3), ("keep", 1, 1), ("offload", 4, 2)):
+        units = build_units(m, gpu, activation, mb, acc, 512, loss_chunk_tokens=300)
+        layer, head, embed = units[1], units[-1], units[0]
+        fwd_ops = m.layer_forward_ops(mb, 512)
+        one_fwd = CURVES.total_seconds(fwd_ops) + CURVES.layer_overhead_us * 1e-6
+        one_bwd = CURVES.total_seconds(c.backward_ops(fwd_ops)) + CURVES.layer_overhead_us * 1e-6
+        if activation != "keep":
+            one_bwd += one_fwd
+        grads = CURVES.total_seconds(c.gradient_ops(m.layer_params, m.layer_tensors, acc))
+        assert layer.fwd_s == pytest.approx(acc * one_fwd)
+        assert layer.bwd_s == pytest.approx(acc * one_bwd + grads)
+        h_fwd, h_bwd = m.head_ops(mb * 512, 300)
+        full, rest = divmod(mb * 512, 300)  # full logits chunks (one GEMM op counted `full` times) + the rest
+        assert [(op.m, op.count) for op in h_fwd if isinstance(op, c.Gemm)] == [(300, full), (rest, 1)]
+        assert head.fwd_s == pytest.approx(acc * (CURVES.total_seconds(h_fwd) + CURVES.layer_overhead_us * 1e-6))
+        assert head.bwd_s == pytest.approx(acc * (CURVES.total_seconds(h_bwd) + CURVES.layer_overhead_us * 1e-6)
+                                           + CURVES.total_seconds(c.gradient_ops(m.head_params, 1, 0)))
+        assert embed.fwd_s > 0 and embed.bwd_s > embed.fwd_s
+
+
+def test_without_curves_the_layer_level_model_is_unchanged():
+    hw = load_hardware("h200-x1")
+    assert hw.gpu.compute is None
+    m = load_model_spec("qwen3-4b")
+    units = build_units(m, hw.gpu, "recompute", 1, 1, 4096)
+    lin = m.layer_linear_flops_per_token() * 4096
+    att = m.layer_attention_flops_per_token(4096) * 4096
+    fwd = hw.gpu.linear_time(lin, 4096) + hw.gpu.attention_time(att) + hw.gpu.layer_overhead_us * 1e-6
+    assert units[1].fwd_s == pytest.approx(fwd, rel=1e-12)
+
+
+def _synthetic(curves: c.ComputeCurves, noise: float, seed: int = 0) -> ShapeSamples:
+    rng = np.random.default_rng(seed)
+
+    def jitter(t: float) -> float:
+        return t * float(np.exp(rng.normal(0.0, noise)))
+
+    s = ShapeSamples()
+    s.gemm = [(op, jitter(curves.seconds(op))) for op in (c.Gemm(*shape) for shape in GPU_GEMMS)]
+    for b, seq, h, kv, d in GPU_ATTENTION:
+        for backward in (False, True):
+            op = c.Attention(b, seq, h, kv, d, backward)
+            s.attention.append((op, jitter(curves.seconds(op))))
+    for tokens, width in GPU_ELEMENTWISE:
+        for nbytes, kernels in ((c.RMSNORM_BYTES, c.RMSNORM_KERNELS), (c.SWIGLU_BYTES, c.SWIGLU_KERNELS),
+                                (c.RESIDUAL_BYTES, c.RESIDUAL_KERNELS)):
+            op = c.Elementwise("x", tokens * width * nbytes, kernels)
+            s.elementwise.append((op, jitter(curves.seconds(op))))
+    m = ARCHS["llama"]
+    for seq, batch in ((1024, 1), (4096, 1), (4096, 4)):
+        ops = m.layer_forward_ops(batch, seq)
+        s.layers.append(("fwd", ops, jitter(curves.total_seconds(ops) + curves.layer_overhead_us * 1e-6)))
+    return s
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.03])
+def test_fit_recovers_known_curves_from_noisy_samples(noise):
+    fit = fit_curves(_synthetic(CURVES, noise), peak_tflops=989.0, peak_memory_gbps=4800.0)
+    got = fit.curves
+    tol = 0.02 if noise == 0 else 0.12
+    assert got.gemm_tflops == pytest.approx(CURVES.gemm_tflops, rel=tol)
+    assert got.attention_fwd_tflops == pytest.approx(CURVES.attention_fwd_tflops, rel=tol)
+    assert got.attention_bwd_tflops == pytest.approx(CURVES.attention_bwd_tflops, rel=tol)
+    assert got.memory_gbps == pytest.approx(CURVES.memory_gbps, rel=tol)
+    # What matters: a layer of an architecture the fit never saw is priced like the true curves price it.
+    for m in ARCHS.values():
+        for batch, seq in ((1, 2048), (8, 4096), (1, 32768)):
+            ops = m.layer_forward_ops(batch, seq)
+            ops_b = c.backward_ops(ops)
+            assert got.total_seconds(ops) == pytest.approx(CURVES.total_seconds(ops), rel=0.05 + noise)
+            assert got.total_seconds(ops_b) == pytest.approx(CURVES.total_seconds(ops_b), rel=0.05 + noise)
+    assert all(r < 0.02 + 2 * noise for r in fit.residuals.values())
+    assert not [w for w in fit.warnings if "not credible" in w]
+
+
+def test_a_fit_that_runs_into_the_chips_peak_is_flagged():
+    fast = replace(CURVES, gemm_tflops=2000.0)
+    fit = fit_curves(_synthetic(fast, 0.0), peak_tflops=989.0, peak_memory_gbps=4800.0)
+    assert any("gemm_tflops" in w and "not credible" in w for w in fit.warnings)
+
+
+def test_curves_reject_non_physical_values():
+    from slidedp.errors import SlideDPError
+
+    for bad in (dict(gemm_tflops=0.0), dict(memory_gbps=float("inf")), dict(kernel_us=-1.0),
+                dict(attention_half_seq=float("nan"))):
+        with pytest.raises(SlideDPError):
+            replace(CURVES, **bad)
+
+
+def test_profile_with_curves_round_trips_through_yaml(tmp_path):
+    from slidedp.hardware import HardwareProfile
+
+    hw = load_hardware("h200-x1")
+    hw = replace(hw, gpu=replace(hw.gpu, compute=CURVES))
+    hw.save(tmp_path / "p.yaml")
+    from slidedp.config_io import read_mapping
+
+    assert HardwareProfile.from_dict(read_mapping(tmp_path / "p.yaml", "profile")) == hw
+
+
+def test_shape_benchmarks_run_on_the_cpu():
+    """Only that the CPU path produces one sample per shape (timings here are never asserted)."""
+    from slidedp.calibration.shape_bench import CPU_ATTENTION, CPU_GEMMS, shape_samples
+
+    s = shape_samples(quick=True, repeats=1)
+    assert len(s.gemm) == len(CPU_GEMMS) and len(s.attention) == 2 * len(CPU_ATTENTION)
+    assert all(t > 0 for _, t in s.gemm + s.attention + s.elementwise)
