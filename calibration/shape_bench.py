@@ -19,8 +19,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from slidedp.calibration.shape_fit import ShapeSamples
 from slidedp import compute as c
+from slidedp.calibration.shape_fit import ShapeSamples
 from slidedp.model_spec import ModelSpec
 
 Progress = Callable[[int, int], None]
@@ -88,12 +88,14 @@ def attention_samples(timer: _Timer, dtype: torch.dtype, shapes) -> list[tuple[c
         k = torch.randn(b, kv, s, d, dtype=dtype, device=timer.device, requires_grad=True)
         v = torch.randn(b, kv, s, d, dtype=dtype, device=timer.device, requires_grad=True)
 
-        def fwd(q=q, k=k, v=v):
-            with torch.no_grad():
-                F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != h)
+        gqa = kv != h
 
-        def both(q=q, k=k, v=v):
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != h)
+        def fwd(q=q, k=k, v=v, gqa=gqa):
+            with torch.no_grad():
+                F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+
+        def both(q=q, k=k, v=v, gqa=gqa):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
             torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
 
         t_fwd = timer.seconds(fwd)
@@ -143,7 +145,7 @@ def layer_samples(timer: _Timer, dtype: torch.dtype, model: str, grid) -> list[t
     adapter = ModelAdapter(cfg)
     unit = adapter.units[1]
     layer = adapter.layer_module(unit)
-    flat = (torch.randn(unit.numel, dtype=dtype, device=timer.device) * 0.02).requires_grad_()
+    flat = torch.randn(unit.numel, dtype=dtype, device=timer.device) * 0.02
     rotary = adapter.rotary(timer.device)
     out = []
     for seq, batch in grid:
@@ -152,13 +154,17 @@ def layer_samples(timer: _Timer, dtype: torch.dtype, model: str, grid) -> list[t
         pe = rotary(x, pos)
 
         def run(backward: bool, x=x, pos=pos, pe=pe):
+            # Each weight a detached leaf view of the flat unit, as the runtime's engine passes them: a
+            # gradient w.r.t. the flat tensor itself would add a full-size scatter per weight that the
+            # runtime never runs (it inflated the old layer-level backward ratio).
+            params = {p.name: flat[p.offset:p.offset + p.numel].view(p.shape).detach().requires_grad_(backward)
+                      for p in unit.params}
             with torch.set_grad_enabled(backward):
-                params = {p.name: flat[p.offset:p.offset + p.numel].view(p.shape) for p in unit.params}
                 o = torch.func.functional_call(layer, params, (x,), {"attention_mask": None,
                                                                      "position_embeddings": pe, "position_ids": pos})
                 o = o[0] if isinstance(o, tuple) else o
                 if backward:
-                    torch.autograd.grad(o, [x, flat], torch.ones_like(o))
+                    torch.autograd.grad(o, [x, *params.values()], torch.ones_like(o))
 
         fwd = timer.seconds(lambda: run(False))
         both = timer.seconds(lambda: run(True))

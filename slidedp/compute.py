@@ -16,7 +16,7 @@ exactly those modules, so a count that is off by a constant is absorbed by the f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from slidedp.errors import SlideDPError
 
@@ -80,6 +80,10 @@ BIAS_BYTES, BIAS_KERNELS = 6, 1  # a projection's bias added to its bf16 output
 LOGITS_BYTES, LOGITS_KERNELS = 30, 6  # fp32 upcast of the logits, log-softmax, gather, and their backward
 EMBED_BYTES, EMBED_KERNELS = 4, 1  # gather one bf16 row per token (read + write)
 ELEMENTWISE_BACKWARD_FACTOR = 2
+# Memory-bound ops priced at the achieved bandwidth of the module the micro-benchmarks time for them
+# (ComputeCurves.memory_gbps_by_kind); ops no benchmark covers use the generic memory_gbps.
+MEASURED_KIND: dict[str, str] = {"rmsnorm": "rmsnorm", "qk_norm": "rmsnorm", "rotary": "rotary",
+                                 "swiglu": "swiglu", "residual": "residual", "qkv_bias": "residual"}
 # Backward per parameter: zero the fp32 gradient (4 B), add each micro-batch's bf16 gradient into it
 # (read 4 + 2, write 4), square-sum for the norm (4) and cast to bf16 for the D2H (read 4, write 2).
 GRAD_ZERO_BYTES, GRAD_ACCUMULATE_BYTES, GRAD_FINISH_BYTES = 4, 10, 10
@@ -92,8 +96,12 @@ class ComputeCurves:
     GEMM time = flops / (gemm_tflops x efficiency) + kernel_us, with efficiency 1 / (1 + m_half/M +
     n_half/N + k_half/K): each small dimension costs occupancy or reuse on its own. Attention runs at its
     forward or backward rate times seq / (seq + attention_half_seq), plus one kernel. Memory-bound kernels
-    move their bytes at ``memory_gbps`` plus kernel_us each. ``layer_overhead_us`` is the fixed cost of
-    one pass through a unit (Python dispatch of the module call, allocator).
+    move their bytes at ``memory_gbps`` plus kernel_us each.
+
+    A decoder layer's pass cannot finish before the CPU has issued its kernels (eager Python through
+    the HF module: ``layer_dispatch_us`` forward, ``backward_dispatch_us`` backward), and pays a fixed
+    cost on top (``layer_overhead_us``, ``backward_overhead_us``): pass = max(sum of ops, dispatch) +
+    overhead. The embedding and the loss head are priced by their operations alone.
     """
 
     gemm_tflops: float
@@ -106,6 +114,16 @@ class ComputeCurves:
     memory_gbps: float
     kernel_us: float
     layer_overhead_us: float
+    backward_overhead_us: float = 0.0
+    layer_dispatch_us: float = 0.0
+    backward_dispatch_us: float = 0.0
+    # Achieved bandwidth of each measured memory-bound module against its byte count (MEASURED_KIND): the
+    # eager modules move more than their nominal bytes (rotary's rotate-half copies, RMSNorm's fp32
+    # temporaries), and by how much differs per module.
+    memory_gbps_by_kind: dict[str, float] = field(default_factory=dict)
+    # Fixed cost per memory-bound kernel (launch and dispatch of a small eager op), apart from kernel_us,
+    # which prices GEMM and attention kernels; None: kernel_us for both.
+    memory_kernel_us: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("gemm_tflops", "attention_fwd_tflops", "attention_bwd_tflops", "memory_gbps"):
@@ -113,10 +131,17 @@ class ComputeCurves:
             if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
                 raise SlideDPError(f"gpu.compute.{name} must be a finite positive number, got {value!r}")
         for name in ("gemm_half_m", "gemm_half_n", "gemm_half_k", "attention_half_seq", "kernel_us",
-                     "layer_overhead_us"):
+                     "layer_overhead_us", "backward_overhead_us", "layer_dispatch_us", "backward_dispatch_us"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
                 raise SlideDPError(f"gpu.compute.{name} must be a finite number >= 0, got {value!r}")
+        if self.memory_kernel_us is not None and not 0 <= self.memory_kernel_us < float("inf"):
+            raise SlideDPError(f"gpu.compute.memory_kernel_us must be a finite number >= 0, "
+                               f"got {self.memory_kernel_us!r}")
+        for kind, value in self.memory_gbps_by_kind.items():
+            if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                raise SlideDPError(f"gpu.compute.memory_gbps_by_kind.{kind} must be a finite positive number, "
+                                   f"got {value!r}")
 
     def gemm_seconds(self, op: Gemm) -> float:
         eff = 1.0 / (1.0 + self.gemm_half_m / op.m + self.gemm_half_n / op.n + self.gemm_half_k / op.k)
@@ -128,7 +153,9 @@ class ComputeCurves:
         return op.flops / (rate * 1e12 * eff) + self.kernel_us * 1e-6
 
     def elementwise_seconds(self, op: Elementwise) -> float:
-        return op.nbytes / (self.memory_gbps * 1e9) + op.kernels * self.kernel_us * 1e-6
+        gbps = self.memory_gbps_by_kind.get(MEASURED_KIND.get(op.name, ""), self.memory_gbps)
+        kernel_us = self.kernel_us if self.memory_kernel_us is None else self.memory_kernel_us
+        return op.nbytes / (gbps * 1e9) + op.kernels * kernel_us * 1e-6
 
     def seconds(self, op: ComputeOp) -> float:
         if isinstance(op, Gemm):
@@ -137,8 +164,17 @@ class ComputeCurves:
             return self.attention_seconds(op)
         return self.elementwise_seconds(op)
 
-    def total_seconds(self, ops: list[ComputeOp]) -> float:
+    def total_seconds(self, ops) -> float:
         return sum(self.seconds(op) for op in ops)
+
+    def layer_pass_seconds(self, ops, backward: bool) -> float:
+        """One decoder layer's forward or backward pass: its operations, not faster than the CPU issues
+        them, plus the pass's fixed cost."""
+        if backward:
+            floor, extra = self.backward_dispatch_us, self.backward_overhead_us
+        else:
+            floor, extra = self.layer_dispatch_us, self.layer_overhead_us
+        return max(self.total_seconds(ops), floor * 1e-6) + extra * 1e-6
 
 
 def backward_ops(forward: list[ComputeOp]) -> list[ComputeOp]:

@@ -123,11 +123,14 @@ def time_unit(work: UnitWork, gpu: GPUSpec) -> Unit:
 
 def _time_ops(work: UnitWork, gpu: GPUSpec) -> Unit:
     curves = gpu.compute
-    overhead = curves.layer_overhead_us * 1e-6
-    fwd_s = curves.total_seconds(work.fwd_ops) + overhead
-    bwd_s = curves.total_seconds(work.bwd_ops) + curves.total_seconds(work.recompute_ops) + overhead
-    if work.recompute_ops:
-        bwd_s += overhead
+    if work.kind == "layer":
+        fwd_s = curves.layer_pass_seconds(work.fwd_ops, backward=False)
+        bwd_s = curves.layer_pass_seconds(work.bwd_ops, backward=True)
+        if work.recompute_ops:
+            bwd_s += curves.layer_pass_seconds(work.recompute_ops, backward=False)
+    else:  # the embedding lookup and the loss head: their kernels alone
+        fwd_s = curves.total_seconds(work.fwd_ops)
+        bwd_s = curves.total_seconds(work.bwd_ops) + curves.total_seconds(work.recompute_ops)
     mb = work.micro_batches
     return Unit(work.index, work.name, work.kind, work.params, work.fwd_flops, fwd_s * mb, work.bwd_flops,
                 bwd_s * mb + curves.total_seconds(work.step_ops), work.checkpoint_bytes, work.pinned)

@@ -17,7 +17,7 @@ from slidedp.units import build_units
 
 CURVES = c.ComputeCurves(gemm_tflops=700.0, gemm_half_m=120.0, gemm_half_n=60.0, gemm_half_k=90.0,
                          attention_fwd_tflops=450.0, attention_bwd_tflops=330.0, attention_half_seq=900.0,
-                         memory_gbps=3300.0, kernel_us=6.0, layer_overhead_us=150.0)
+                         memory_gbps=3300.0, kernel_us=6.0, layer_overhead_us=150.0, backward_overhead_us=400.0)
 
 ARCHS = {
     "llama": ModelSpec("llama", 4, 3072, 8192, 24, 8, 128, 128256),
@@ -52,7 +52,7 @@ def test_operation_costs_sum_to_the_unit_times():
         layer, head, embed = units[1], units[-1], units[0]
         fwd_ops = m.layer_forward_ops(mb, 512)
         one_fwd = CURVES.total_seconds(fwd_ops) + CURVES.layer_overhead_us * 1e-6
-        one_bwd = CURVES.total_seconds(c.backward_ops(fwd_ops)) + CURVES.layer_overhead_us * 1e-6
+        one_bwd = CURVES.total_seconds(c.backward_ops(fwd_ops)) + CURVES.backward_overhead_us * 1e-6
         if activation != "keep":
             one_bwd += one_fwd
         grads = CURVES.total_seconds(c.gradient_ops(m.layer_params, m.layer_tensors, acc))
@@ -61,8 +61,8 @@ def test_operation_costs_sum_to_the_unit_times():
         h_fwd, h_bwd = m.head_ops(mb * 512, 300)
         full, rest = divmod(mb * 512, 300)  # full logits chunks (one GEMM op counted `full` times) + the rest
         assert [(op.m, op.count) for op in h_fwd if isinstance(op, c.Gemm)] == [(300, full), (rest, 1)]
-        assert head.fwd_s == pytest.approx(acc * (CURVES.total_seconds(h_fwd) + CURVES.layer_overhead_us * 1e-6))
-        assert head.bwd_s == pytest.approx(acc * (CURVES.total_seconds(h_bwd) + CURVES.layer_overhead_us * 1e-6)
+        assert head.fwd_s == pytest.approx(acc * CURVES.total_seconds(h_fwd))
+        assert head.bwd_s == pytest.approx(acc * CURVES.total_seconds(h_bwd)
                                            + CURVES.total_seconds(c.gradient_ops(m.head_params, 1, 0)))
         assert embed.fwd_s > 0 and embed.bwd_s > embed.fwd_s
 
@@ -155,3 +155,31 @@ def test_shape_benchmarks_run_on_the_cpu():
     s = shape_samples(quick=True, repeats=1)
     assert len(s.gemm) == len(CPU_GEMMS) and len(s.attention) == 2 * len(CPU_ATTENTION)
     assert all(t > 0 for _, t in s.gemm + s.attention + s.elementwise)
+
+
+def test_a_layer_pass_is_not_faster_than_its_dispatch():
+    fast = replace(CURVES, layer_dispatch_us=2000.0, backward_dispatch_us=3000.0)
+    small = ARCHS["qwen3"].layer_forward_ops(1, 256)
+    assert fast.layer_pass_seconds(small, backward=False) == pytest.approx(2000e-6 + 150e-6)
+    big = ARCHS["qwen3"].layer_forward_ops(8, 8192)
+    assert fast.layer_pass_seconds(big, backward=False) == pytest.approx(fast.total_seconds(big) + 150e-6)
+
+
+def test_fit_recovers_the_dispatch_floor_and_pass_overhead():
+    truth = replace(CURVES, layer_dispatch_us=1800.0, layer_overhead_us=60.0, backward_dispatch_us=0.0,
+                    backward_overhead_us=1500.0)
+    s = _synthetic(truth, 0.0)
+    m = ARCHS["llama"]
+    s.layers = []
+    for seq, batch in ((512, 1), (1024, 1), (4096, 1), (4096, 4), (16384, 1)):
+        ops = m.layer_forward_ops(batch, seq)
+        s.layers.append((f"x fwd s{seq} b{batch}", ops, truth.layer_pass_seconds(ops, backward=False)))
+        s.layers.append((f"x bwd s{seq} b{batch}", c.backward_ops(ops),
+                         truth.layer_pass_seconds(c.backward_ops(ops), backward=True)))
+    got = fit_curves(s, peak_tflops=989.0, peak_memory_gbps=4800.0)
+    assert got.residuals["layers"] < 0.02
+    for seq, batch in ((768, 1), (8192, 2)):
+        ops = m.layer_forward_ops(batch, seq)
+        for backward, o in ((False, ops), (True, c.backward_ops(ops))):
+            assert got.curves.layer_pass_seconds(o, backward) == pytest.approx(truth.layer_pass_seconds(o, backward),
+                                                                               rel=0.03)
