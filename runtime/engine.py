@@ -120,7 +120,7 @@ class StreamingEngine:
         self.norm_module = adapter.skeleton.model.norm
         self.worker = UpdateWorker(self._run_update, threaded=device.is_cuda, threads=adam_threads)
         # One-pass AdamW + bf16 cast when the gradient lands in the bf16 weight slot (None: when it compiles).
-        slot_is_bf16 = host.grads is None and host.staging.dtype == torch.bfloat16
+        slot_is_bf16 = host.grads is None and host.slot.dtype == torch.bfloat16
         self._kernel = None
         if slot_is_bf16 and fused_adam is not False:
             self._kernel = fused_kernel()
@@ -182,7 +182,7 @@ class StreamingEngine:
         n = hi - lo
         if self.policy.update_schedule == "as_ready" and not bool(torch.isfinite(grad).all()):
             # Updated before the norm is known, a chunk can only protect itself: skip it, keep its weights.
-            host.staging[lo:hi].copy_(host.master[lo:hi])
+            host.slot[lo:hi].copy_(host.master[lo:hi])
             self.nonfinite_chunks += 1
             return
         if self._kernel is not None:  # one pass: read grad + state, write state + bf16 weights (28 B/param)
@@ -197,7 +197,7 @@ class StreamingEngine:
             adamw_chunk_(host.master[lo:hi], grad, host.exp_avg[lo:hi], host.exp_avg_sq[lo:hi], step, lr, self.optim,
                          coef, self._scratch)
         with self.recorder.host_span("cpu", "cast", u, c, nbytes=n * CAST_HOST_BYTES, host_bytes=n * CAST_HOST_BYTES):
-            host.staging[lo:hi].copy_(host.master[lo:hi])
+            host.slot[lo:hi].copy_(host.master[lo:hi])
 
     def _submit_all(self, lr: float, coef: float, step: int) -> None:
         for u in range(len(self.units)):
@@ -247,7 +247,7 @@ class StreamingEngine:
             self._await_update(u, c)
             with dev.on(dev.h2d), torch.autograd._unsafe_preserve_version_counter(into.flat), torch.no_grad():
                 if not sharded:
-                    src = self.host.staging[unit.offset + a:unit.offset + b]
+                    src = self.host.slot[unit.offset + a:unit.offset + b]
                     with self.recorder.span("h2d", "h2d_param", u, c, nbytes=(b - a) * esize,
                                             host_bytes=(b - a) * esize, stream=dev.h2d):
                         into.flat[a:b].copy_(src, non_blocking=True)
@@ -257,7 +257,7 @@ class StreamingEngine:
                 mine = torch.empty(sb - sa, dtype=into.flat.dtype, device=dev.torch_device)
                 with self.recorder.span("h2d", "h2d_param", u, c, nbytes=(sb - sa) * esize,
                                         host_bytes=(sb - sa) * esize, stream=dev.h2d):
-                    mine.copy_(self.host.staging[unit.offset + sa:unit.offset + sb], non_blocking=True)
+                    mine.copy_(self.host.slot[unit.offset + sa:unit.offset + sb], non_blocking=True)
                 with self.recorder.span("link", "allgather", u, c, nbytes=(b - a - (sb - sa)) * esize,
                                         stream=dev.h2d):
                     self.comm.all_gather_into(into.flat[a:b], mine, bounds)
@@ -507,7 +507,7 @@ class StreamingEngine:
                 for c in range(len(self._chunks(u))):
                     owned = self._owned_range(u, c)
                     if owned is not None:
-                        host.staging[owned[0]:owned[1]].copy_(host.master[owned[0]:owned[1]])
+                        host.slot[owned[0]:owned[1]].copy_(host.master[owned[0]:owned[1]])
             comm.barrier()
             return loss, norm, True
         host.step += 1

@@ -79,4 +79,4 @@ class GpuOptimizerState:
             host.master[lo:hi].copy_(self.master[u])
             host.exp_avg[lo:hi].copy_(self.exp_avg[u])
             host.exp_avg_sq[lo:hi].copy_(self.exp_avg_sq[u])
-            host.staging[lo:hi].copy_(self.weights[u])
+            host.slot[lo:hi].copy_(self.weights[u])

@@ -52,9 +52,6 @@ class UpdateWorker:
         for key in list(self._done):
             self.wait(key)
 
-    def pending(self) -> bool:
-        return bool(self._done)
-
     def close(self) -> None:
         if self._threaded:
             self._queue.put(None)
