@@ -96,7 +96,7 @@ class GradientRoutes:
         host, comm, unit = self.host, self.comm, self.table.units[u]
         Device.host_wait(landed)
         comm.barrier()  # every rank's copy of this unit has landed
-        per_param = (comm.world + 1) * 2
+        per_param = self.routes.cpu_reduce_bytes_per_param  # read N copies, write their sum
         for c, (a, b) in enumerate(self.table.chunks(u)):
             if self.table.owned_range(u, c) is None:
                 continue

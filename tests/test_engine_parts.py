@@ -1,9 +1,10 @@
-"""The engine's parts on their own: chunk ownership and flags, and the resident-weights reference the
-benchmarks time."""
+"""The engine's parts on their own: chunk ownership and flags, the CPU reduction's trace bytes, and the
+resident-weights reference the benchmarks time."""
 
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from slidedp.runtime.engine import EngineConfig, StreamingEngine
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.tracing import TraceRecorder
+from tests.dp_helpers import run_data_parallel
 from tests.runtime_helpers import OPTIM, TINY, batches, make_engine, write_config
 
 
@@ -42,6 +44,23 @@ def test_chunk_table_owners_cover_every_host_parameter_once_and_flags_do_not_col
     for u in range(held, len(adapter.units)):
         for c in range(len(tables[0].chunks(u))):
             tables[0].wait_for_owners(u, c, 1)  # every owner has published: returns at once
+
+
+def test_cpu_reduce_trace_bytes_follow_the_gradient_dtype(tmp_path):
+    """Per-rank route in fp32 over 2 gloo ranks: the owner's CPU sum reads N copies and writes one, 4 bytes
+    each, so its trace counts (N + 1) x 4 x the parameters it reduced (it once counted 2-byte elements)."""
+    world, chunks = 2, 3
+    config = write_config(tmp_path, "qwen3")
+    policy = Policy(param_route="replicated", grad_route="per_rank", micro_batch=1, accumulation=1,
+                    chunks_per_layer=chunks)
+    run_data_parallel(world, config, policy, 16, 1, tmp_path)
+    trace = pd.read_parquet(tmp_path / f"dp{world}.trace{world - 1}.parquet")  # the last rank's first step
+    reduced = trace[trace.op == "cpu_reduce"]
+    adapter = ModelAdapter(load_hf_config(config))
+    owned = {(u, c): b - a for u, unit in enumerate(adapter.units)
+             for c, (a, b) in enumerate(chunk_ranges(unit.numel, chunks)) if (u * chunks + c) % world == world - 1}
+    assert set(zip(reduced.unit, reduced.chunk, strict=True)) == set(owned)
+    assert reduced.host_bytes.sum() == (world + 1) * 4 * sum(owned.values())
 
 
 def _resident_engine(config_path: str, policy: Policy, seq: int) -> tuple[StreamingEngine, HostState]:
