@@ -5,8 +5,9 @@
 
 For each model the host state is allocated (pinned) once; for each batch the policy comes from the
 tuner (h200-x1 profile), the runtime runs --steps steps (the first is warm-up), and the same compute
-with all weights already resident on the GPU (same kernels, no transfers, no CPU update) is timed in
-the same process as the reference. Results go to results.jsonl, traces to traces.parquet.
+with all weights already resident on the GPU (same kernels, no transfers, no CPU update:
+``EngineConfig.resident_weights``) is timed in the same process as the reference. Results go to
+results.jsonl, traces to traces.parquet.
 """
 
 from __future__ import annotations
@@ -28,37 +29,12 @@ from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.problem import resolve_budget
 from slidedp.runtime.device import Device
-from slidedp.runtime.engine import StreamingEngine
+from slidedp.runtime.engine import EngineConfig, StreamingEngine
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.tune import tune
-
-
-class ResidentEngine(StreamingEngine):
-    """The same step with every unit resident on the GPU: no H2D, no D2H, no CPU update (the reference)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._resident: dict = {}
-
-    def _fetch(self, u, into=None):
-        if u not in self._resident:
-            self._resident[u] = super()._fetch(u, None)
-            self.device.synchronize()
-        du = self._resident[u]
-        du.ready = None
-        return du
-
-    def _release(self, du):
-        pass
-
-    def _send_grads(self, u, gflat, norm_sq, grad_done):
-        norm_sq += torch.linalg.vector_norm(gflat).square()
-
-    def _submit_all(self, lr, coef, step):
-        pass
 
 
 def log(msg: str) -> None:
@@ -81,8 +57,8 @@ def check(out: Path) -> None:
         spec = ModelSpec.from_hf_config(TINY[name], "tiny")
         device = Device("cuda")
         optim = OptimConfig(lr=3e-3, weight_decay=0.1, max_grad_norm=0.05, warmup_steps=2, total_steps=6)
-        engine = StreamingEngine(adapter, spec, host, policy, optim, device, TraceRecorder(device), 16, torch.float32,
-                                 adam_threads=4)
+        engine = StreamingEngine(EngineConfig(policy, optim, 16, torch.float32, adam_threads=4), adapter, spec, host,
+                                 device, TraceRecorder(device))
         data = batches(TINY[name]["vocab_size"], 16, 4, 4, seed=1)
         initial = host.master.clone()
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -140,8 +116,8 @@ def run_model(model: str, seq: int, batches: list[int], steps: int, out: Path, r
         row, trace = measure_policy(sm, hw, policy, seq, batch, steps)
         torch.cuda.empty_cache()
         # Reference: the same compute with every weight already on the GPU.
-        ref = ResidentEngine(sm.adapter, sm.spec, sm.host, policy, BENCH_OPTIM, sm.device,
-                             TraceRecorder(sm.device, enabled=False), seq, torch.bfloat16)
+        ref = StreamingEngine(EngineConfig(policy, BENCH_OPTIM, seq, torch.bfloat16, resident_weights=True), sm.adapter,
+                              sm.spec, sm.host, sm.device, TraceRecorder(sm.device, enabled=False))
         tokens = synthetic_tokens(sm.config.vocab_size, batch, seq)
         ref_times = []
         for _ in range(steps):

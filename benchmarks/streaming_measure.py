@@ -21,7 +21,7 @@ from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.report.rundir import write_run_dir
 from slidedp.runtime.device import Device
-from slidedp.runtime.engine import StreamingEngine
+from slidedp.runtime.engine import EngineConfig, StreamingEngine
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig
@@ -77,8 +77,9 @@ def measure_policy(sm: StreamingModel, hw: HardwareProfile, policy: Policy, seq:
     tokens = synthetic_tokens(sm.config.vocab_size, batch, seq)
     if sm.device.is_cuda:
         torch.cuda.reset_peak_memory_stats()
-    engine = StreamingEngine(sm.adapter, sm.spec, sm.host, policy, optim, sm.device, TraceRecorder(sm.device), seq,
-                             torch.bfloat16 if sm.device.is_cuda else torch.float32, adam_threads=w.adam_threads)
+    config = EngineConfig(policy, optim, seq, torch.bfloat16 if sm.device.is_cuda else torch.float32,
+                          adam_threads=w.adam_threads)
+    engine = StreamingEngine(config, sm.adapter, sm.spec, sm.host, sm.device, TraceRecorder(sm.device))
     times, last = [], None
     try:
         for _ in range(steps):

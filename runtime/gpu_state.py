@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from slidedp.runtime.comm import Comm
+from slidedp.runtime.device import Device
 from slidedp.runtime.optim import OptimConfig, adamw_tensors_
+from slidedp.runtime.streaming import DeviceUnit
+from slidedp.runtime.tracing import TraceRecorder
 
 
 class GpuOptimizerState:
@@ -79,4 +83,78 @@ class GpuOptimizerState:
             host.master[lo:hi].copy_(self.master[u])
             host.exp_avg[lo:hi].copy_(self.exp_avg[u])
             host.exp_avg_sq[lo:hi].copy_(self.exp_avg_sq[u])
-            host.staging[lo:hi].copy_(self.weights[u])
+            host.slot[lo:hi].copy_(self.weights[u])
+
+
+class GpuHeldUnits:
+    """The engine's view of the GPU-state units over one step.
+
+    Lifecycle: ``sync`` (re)loads the replica when the host state is not what it was built from;
+    ``unit(u)`` serves the weights instead of a fetch; ``take_grad`` all-reduces a unit's whole gradient
+    over the ranks (every replica must apply the same update) and adds it to the norm; once the global norm
+    is known ``update`` applies AdamW on the device (or ``drop_grads`` on a skipped step); ``write_back``
+    makes the host state authoritative before a checkpoint.
+    """
+
+    def __init__(self, units: list, count: int, device: Device, compute_dtype: torch.dtype,
+                 recorder: TraceRecorder, comm: Comm):
+        self.state = GpuOptimizerState(units, count, device.torch_device, compute_dtype)
+        self.device, self.recorder, self.comm = device, recorder, comm
+        self._units: dict[int, DeviceUnit] = {}
+        self._grads: dict[int, torch.Tensor] = {}  # this step's fp32 gradients
+        self._norm_sq: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.state)
+
+    def holds(self, u: int) -> bool:
+        return u < len(self.state)
+
+    def sync(self, host) -> None:
+        """(Re)load the GPU-held units from the host state when it is not what the replica was built from."""
+        if len(self.state) and self.state.loaded_step != host.step:
+            self.state.load(host, host.step)
+            self._units = {u: DeviceUnit(self.state.units[u], w, persistent=True)
+                           for u, w in enumerate(self.state.weights)}
+
+    def unit(self, u: int) -> DeviceUnit | None:
+        return self._units.get(u)
+
+    def begin_step(self) -> None:
+        self._norm_sq = torch.zeros((), dtype=torch.float32, device=self.device.torch_device)
+        self._grads = {}
+
+    def take_grad(self, u: int, gflat: torch.Tensor) -> None:
+        """Reduce over ranks, add to the norm, keep for the update."""
+        comm = self.comm
+        if comm.active:
+            with self.recorder.span("link", "allreduce", u, nbytes=2 * gflat.numel() * gflat.element_size()
+                                    * (comm.world - 1) / comm.world):
+                comm.all_reduce_(gflat)
+        self._norm_sq += torch.linalg.vector_norm(gflat).square()
+        self._grads[u] = gflat
+
+    def norm_sq(self) -> float:
+        """Squared norm of this step's GPU-held gradients: all-reduced whole, the same on every rank."""
+        return float(self._norm_sq.item()) if self._grads else 0.0
+
+    def drop_grads(self) -> None:
+        """A skipped step: the units keep their weights, their update simply does not happen."""
+        self._grads = {}
+
+    def update(self, step: int, lr: float, cfg: OptimConfig, coef: float) -> None:
+        if not self._grads:
+            return
+        with self.recorder.span("gpu", "gpu_adam", 0):
+            self.state.update_all([self._grads[u] for u in range(len(self.state))], step, lr, cfg, coef)
+        self.state.loaded_step = step
+        self._grads = {}
+
+    def write_back(self, host, rank: int) -> None:
+        """Rank 0 copies the replica into the shared host state (all ranks hold the same one)."""
+        if self.state.loaded_step is not None and rank == 0:
+            self.state.write_back(host)
+
+    def close(self) -> None:
+        self.state.release()
+        self._units, self._grads = {}, {}

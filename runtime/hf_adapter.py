@@ -129,9 +129,6 @@ class ModelAdapter:
         rot = type(self.skeleton.model.rotary_emb)(config=self.config)
         return rot.to(device)
 
-    def norm_eps(self) -> float:
-        return float(getattr(self.config, "rms_norm_eps", 1e-6))
-
     def init_unit_(self, unit: UnitLayout, flat: torch.Tensor, generator: torch.Generator) -> None:
         """Random init of one unit in fp32, as transformers does: normal(0, initializer_range) for matrices,
         ones for norm weights, zeros for biases."""

@@ -55,11 +55,19 @@ def _alloc(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
 
 @dataclass
 class HostState:
+    """Master weights, Adam moments and the stream slot of every parameter, flat over the whole model.
+
+    ``slot`` is the one compute-dtype copy that crosses PCIe, used twice per step by each chunk: it holds
+    the new weights from the chunk's CPU update until its next H2D, then (when the gradient has the slot's
+    dtype) the gradient from its D2H until the update reads it. The two uses never overlap, which is why
+    streaming costs 2 B/param on top of the 12 B of fp32 optimizer state instead of 4.
+    """
+
     master: torch.Tensor
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
-    staging: torch.Tensor  # compute-dtype weights for H2D; gradient landing zone when grads share its dtype
-    grads: torch.Tensor | None  # separate gradient buffer when the gradient dtype differs from staging's
+    slot: torch.Tensor  # the weight/gradient slot in the compute dtype (see the class docstring)
+    grads: torch.Tensor | None  # separate gradient buffer when the gradient dtype differs from the slot's
     pinned: bool
     step: int = 0  # optimizer steps applied
     # Data parallel only: per (unit, chunk, owner rank), the last optimizer step applied to that range, so a
@@ -68,22 +76,22 @@ class HostState:
     landing: list[torch.Tensor] | None = None
 
     @classmethod
-    def allocate(cls, numel: int, staging_dtype: torch.dtype, grad_dtype: torch.dtype, pin: bool) -> HostState:
-        grads = None if grad_dtype == staging_dtype else _alloc(numel, grad_dtype, pin)
+    def allocate(cls, numel: int, slot_dtype: torch.dtype, grad_dtype: torch.dtype, pin: bool) -> HostState:
+        grads = None if grad_dtype == slot_dtype else _alloc(numel, grad_dtype, pin)
         return cls(_alloc(numel, torch.float32, pin), _alloc(numel, torch.float32, pin),
-                   _alloc(numel, torch.float32, pin), _alloc(numel, staging_dtype, pin), grads, pin)
+                   _alloc(numel, torch.float32, pin), _alloc(numel, slot_dtype, pin), grads, pin)
 
     @classmethod
-    def allocate_shared(cls, directory: Path, numel: int, staging_dtype: torch.dtype, grad_dtype: torch.dtype,
+    def allocate_shared(cls, directory: Path, numel: int, slot_dtype: torch.dtype, grad_dtype: torch.dtype,
                         pin: bool, create: bool, flags: int, world: int, landing_numel: int) -> HostState:
         """The one state all ranks share, in files under ``directory`` (rank 0 creates them first)."""
         directory.mkdir(parents=True, exist_ok=True)
-        grads = None if grad_dtype == staging_dtype else \
+        grads = None if grad_dtype == slot_dtype else \
             _shared(directory / "grads.bin", numel, grad_dtype, create, pin)
         state = cls(_shared(directory / "master.bin", numel, torch.float32, create, pin),
                     _shared(directory / "exp_avg.bin", numel, torch.float32, create, pin),
                     _shared(directory / "exp_avg_sq.bin", numel, torch.float32, create, pin),
-                    _shared(directory / "staging.bin", numel, staging_dtype, create, pin), grads, pin)
+                    _shared(directory / "slot.bin", numel, slot_dtype, create, pin), grads, pin)
         state.flags = _shared(directory / "flags.bin", flags, torch.int64, create, False)
         if landing_numel:
             state.landing = [_shared(directory / f"landing_{r}.bin", landing_numel, grad_dtype, create, pin)
@@ -92,10 +100,11 @@ class HostState:
 
     @property
     def grad_buffer(self) -> torch.Tensor:
-        return self.staging if self.grads is None else self.grads
+        """Where a gradient waits for its update: the slot itself when the gradient has the slot's dtype."""
+        return self.slot if self.grads is None else self.grads
 
     def bytes_per_param(self) -> float:
-        total = sum(t.numel() * t.element_size() for t in (self.master, self.exp_avg, self.exp_avg_sq, self.staging))
+        total = sum(t.numel() * t.element_size() for t in (self.master, self.exp_avg, self.exp_avg_sq, self.slot))
         if self.grads is not None:
             total += self.grads.numel() * self.grads.element_size()
         return total / self.master.numel()
@@ -103,12 +112,12 @@ class HostState:
     def total_bytes(self) -> int:
         return int(self.bytes_per_param() * self.master.numel())
 
-    def refresh_staging(self) -> None:
-        self.staging.copy_(self.master)
+    def refresh_slot(self) -> None:
+        self.slot.copy_(self.master)
 
     def close(self) -> None:
         if self.pinned:
-            for t in (self.master, self.exp_avg, self.exp_avg_sq, self.staging, self.grads, *(self.landing or [])):
+            for t in (self.master, self.exp_avg, self.exp_avg_sq, self.slot, self.grads, *(self.landing or [])):
                 if t is not None:
                     torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
             self.pinned = False
@@ -128,7 +137,7 @@ class HostState:
             else:
                 gen = torch.Generator().manual_seed(seed * 100_003 + unit.index)
                 adapter.init_unit_(unit, dest, gen)
-        self.refresh_staging()
+        self.refresh_slot()
 
     def load_hf_weights(self, adapter: ModelAdapter, directory: Path) -> None:
         """Fill the master weights from a local HF checkpoint (*.safetensors)."""
@@ -153,7 +162,7 @@ class HostState:
                                        f"the config says {p.shape}")
                 start = unit.offset + p.offset
                 self.master[start:start + p.numel].copy_(t.reshape(-1))
-        self.refresh_staging()
+        self.refresh_slot()
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
     def save(self, directory: Path, meta: dict) -> None:
@@ -195,7 +204,7 @@ class HostState:
             dst.copy_(src)
         meta = json.loads((directory / META_FILE).read_text())
         self.step = int(meta["optimizer_step"])
-        self.refresh_staging()
+        self.refresh_slot()
         return meta
 
     def export_hf(self, adapter: ModelAdapter, directory: Path, dtype: torch.dtype = torch.bfloat16) -> None:

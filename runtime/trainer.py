@@ -29,7 +29,7 @@ from slidedp.report.rundir import write_run_dir
 from slidedp.runtime.comm import Comm
 from slidedp.runtime.data import PackedData, load_data
 from slidedp.runtime.device import Device
-from slidedp.runtime.engine import StepStats, StreamingEngine, shared_buffer_sizes
+from slidedp.runtime.engine import EngineConfig, StepStats, StreamingEngine, shared_buffer_sizes
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig
@@ -163,9 +163,9 @@ class Trainer:
                  f"= {host.total_bytes() / GIB:.2f} GiB (one copy for {comm.world} rank(s), pinned={host.pinned}); "
                  f"predicted GPU peak {self.memory.gpu_peak / GIB:.1f} GiB of a {self.gpu_budget / GIB:.1f} GiB budget")
         threads = self.workload.adam_threads if device.is_cuda else None
-        engine = StreamingEngine(adapter, self.model_spec, host, s.policy, s.optim, device,
-                                 TraceRecorder(device, rank=comm.rank), s.seq, self.compute_dtype,
-                                 adam_threads=threads, comm=comm)
+        config = EngineConfig(s.policy, s.optim, s.seq, self.compute_dtype, adam_threads=threads)
+        engine = StreamingEngine(config, adapter, self.model_spec, host, device, TraceRecorder(device, rank=comm.rank),
+                                 comm)
         s.out.mkdir(parents=True, exist_ok=True)
         metrics_path = s.out / "metrics.csv"
         fresh = not (s.resume and metrics_path.exists())

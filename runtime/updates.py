@@ -1,4 +1,5 @@
-"""The CPU optimizer worker: applies AdamW chunk by chunk, on a background thread when a GPU is busy.
+"""The CPU optimizer: AdamW chunk by chunk on the host (:class:`HostUpdater`), on a background worker
+thread when a GPU is busy (:class:`UpdateWorker`).
 
 Jobs run strictly in submission order (the order the schedule needs them). A job may carry a CUDA
 event: the worker blocks on it before touching the host buffer the device copy wrote, which is the
@@ -13,10 +14,19 @@ from collections.abc import Callable
 
 import torch
 
+from slidedp.errors import SlideDPError
+from slidedp.resources import CAST_HOST_BYTES, FUSED_ADAM_HOST_BYTES, adam_host_bytes_per_param
+from slidedp.runtime.chunks import ChunkTable
+from slidedp.runtime.cpu_adam import fused_kernel, fused_kernel_error
 from slidedp.runtime.device import Device
+from slidedp.runtime.host_state import HostState
+from slidedp.runtime.optim import OptimConfig, adamw_chunk_, lr_at
+from slidedp.runtime.tracing import TraceRecorder
 
 
 class UpdateWorker:
+    """Runs ``run_job(key, args)`` jobs in submission order, inline or on one daemon thread."""
+
     def __init__(self, run_job: Callable[[tuple, tuple], None], threaded: bool, threads: int | None):
         self._run_job = run_job
         self._threaded = threaded
@@ -52,9 +62,6 @@ class UpdateWorker:
         for key in list(self._done):
             self.wait(key)
 
-    def pending(self) -> bool:
-        return bool(self._done)
-
     def close(self) -> None:
         if self._threaded:
             self._queue.put(None)
@@ -79,3 +86,105 @@ class UpdateWorker:
                 self._error = exc
             finally:
                 done.set()
+
+
+class HostUpdater:
+    """The CPU AdamW of every chunk range this rank owns, run by an :class:`UpdateWorker`.
+
+    A job updates one range: the one-pass kernel (read gradient + state, write state + bf16 weights) where
+    the gradient lands in a bf16 slot, otherwise torch's AdamW followed by a cast of the new master into
+    the slot. Either way the slot then holds what the chunk's next H2D copies. Lifecycle per step: jobs are
+    submitted (all at once, deferred to the next forward, or chunk by chunk as gradients land), the
+    streamer waits for a chunk's job before copying it in, ``flush`` drains everything.
+    """
+
+    def __init__(self, table: ChunkTable, host: HostState, optim: OptimConfig, recorder: TraceRecorder,
+                 as_ready: bool, threaded: bool, threads: int | None, fused_adam: bool | None):
+        self.table, self.host, self.optim, self.recorder = table, host, optim, recorder
+        self.as_ready = as_ready  # jobs run before the global norm is known: a chunk guards itself
+        # One-pass AdamW + bf16 cast when the gradient lands in the bf16 weight slot (None: when it compiles).
+        slot_is_bf16 = host.grads is None and host.slot.dtype == torch.bfloat16
+        self._kernel = None
+        if slot_is_bf16 and fused_adam is not False:
+            self._kernel = fused_kernel()
+            if self._kernel is None and fused_adam:
+                raise SlideDPError(f"the fused CPU AdamW kernel did not compile: {fused_kernel_error()}")
+        self._scratch = torch.empty(table.largest_chunk, dtype=torch.float32)  # the worker's fp32 gradient
+        self._deferred: tuple[float, float, int] | None = None  # (lr, clip coefficient, step) for next forward
+        self.nonfinite_chunks = 0  # as_ready only: chunks whose update was skipped for a non-finite gradient
+        self.worker: UpdateWorker | None = UpdateWorker(self._run, threaded=threaded, threads=threads)
+
+    # ---- submitting -------------------------------------------------------------------------------------------
+    def submit_all(self, lr: float, coef: float, step: int) -> None:
+        for u, c, _, _ in self.table.owned():
+            self.worker.submit((u, c), (lr, coef, step))
+
+    def defer(self, lr: float, coef: float, step: int) -> None:
+        """Hold this step's updates until the next forward (or a flush) submits them."""
+        self._deferred = (lr, coef, step)
+
+    def submit_deferred(self) -> None:
+        if self._deferred is not None:
+            self.submit_all(*self._deferred)
+            self._deferred = None
+
+    def submit_landed(self, u: int, c: int, landed=None) -> None:
+        """as_ready: update chunk ``c`` of unit ``u`` as soon as its gradient is in host memory (``landed``:
+        the event of its D2H), with the next step's learning rate and no clipping."""
+        step = self.host.step
+        self.worker.submit((u, c), (lr_at(self.optim, step), 1.0, step + 1), landed)
+
+    # ---- waiting ----------------------------------------------------------------------------------------------
+    def wait_chunk(self, u: int, c: int) -> None:
+        """Block until every owner's update of chunk ``c`` of unit ``u`` for the current step is in the slot."""
+        self.worker.wait((u, c))
+        self.table.wait_for_owners(u, c, self.host.step)
+
+    def wait_all(self) -> None:
+        self.worker.wait_all()
+
+    def flush(self) -> None:
+        """Submit deferred updates and wait for every job: afterwards the host state is complete."""
+        self.submit_deferred()
+        self.worker.wait_all()
+
+    def restore_slots(self) -> None:
+        """A skipped step: the owned slots hold its gradients; put the unchanged weights back."""
+        self.worker.wait_all()
+        master, slot = self.host.master, self.host.slot
+        for _, _, lo, hi in self.table.owned():
+            slot[lo:hi].copy_(master[lo:hi])
+
+    def close(self) -> None:
+        self.worker.close()
+        self.worker = None  # break the updater <-> worker cycle so the host state can be freed at once
+
+    # ---- the job ----------------------------------------------------------------------------------------------
+    def _run(self, key: tuple, args: tuple) -> None:
+        (u, c), (lr, coef, step) = key, args
+        lo, hi = self.table.owned_range(u, c)
+        self._update(u, c, lo, hi, lr, coef, step)
+        self.table.mark_updated(u, c, step)
+
+    def _update(self, u: int, c: int, lo: int, hi: int, lr: float, coef: float, step: int) -> None:
+        host = self.host
+        grad = host.grad_buffer[lo:hi]
+        n = hi - lo
+        if self.as_ready and not bool(torch.isfinite(grad).all()):
+            # Updated before the norm is known, a chunk can only protect itself: skip it, keep its weights.
+            host.slot[lo:hi].copy_(host.master[lo:hi])
+            self.nonfinite_chunks += 1
+            return
+        if self._kernel is not None:  # one pass: read grad + state, write state + bf16 weights (28 B/param)
+            with self.recorder.host_span("cpu", "adam", u, c, nbytes=n * FUSED_ADAM_HOST_BYTES,
+                                         host_bytes=n * FUSED_ADAM_HOST_BYTES):
+                o = self.optim
+                self._kernel.adamw_bf16(host.master[lo:hi], host.exp_avg[lo:hi], host.exp_avg_sq[lo:hi], grad, lr,
+                                        o.beta1, o.beta2, o.eps, o.weight_decay, float(step), coef)
+            return
+        adam_bytes = n * adam_host_bytes_per_param(grad.element_size(), fused_cast=False)
+        with self.recorder.host_span("cpu", "adam", u, c, nbytes=adam_bytes, host_bytes=adam_bytes):
+            adamw_chunk_(host.master[lo:hi], grad, host.exp_avg[lo:hi], host.exp_avg_sq[lo:hi], step, lr, self.optim,
+                         coef, self._scratch)
+        with self.recorder.host_span("cpu", "cast", u, c, nbytes=n * CAST_HOST_BYTES, host_bytes=n * CAST_HOST_BYTES):
+            host.slot[lo:hi].copy_(host.master[lo:hi])

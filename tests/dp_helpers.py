@@ -14,7 +14,7 @@ from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.runtime.comm import Comm
 from slidedp.runtime.device import Device
-from slidedp.runtime.engine import StreamingEngine, shared_buffer_sizes
+from slidedp.runtime.engine import EngineConfig, StreamingEngine, shared_buffer_sizes
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.tracing import TraceRecorder
@@ -60,8 +60,9 @@ def _worker(rank: int, world: int, init_file: str, config_path: str, policy_dict
     cfg = json.loads(Path(config_path).read_text())
     host = shared_state(adapter, policy, comm, Path(shm))
     device = Device("cpu")
-    engine = StreamingEngine(adapter, ModelSpec.from_hf_config(cfg, "tiny"), host, policy, OPTIM, device,
-                             TraceRecorder(device, rank=rank), seq, torch.float32, comm=comm)
+    spec = ModelSpec.from_hf_config(cfg, "tiny")
+    engine = StreamingEngine(EngineConfig(policy, OPTIM, seq, torch.float32), adapter, spec, host, device,
+                             TraceRecorder(device, rank=rank), comm)
     per_rank = policy.sequences_per_rank()
     losses = []
     for step, tokens in enumerate(batches(cfg["vocab_size"], seq, per_rank * world, steps, seed=1)):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.runtime.device import Device
-from slidedp.runtime.engine import StreamingEngine
+from slidedp.runtime.engine import EngineConfig, StreamingEngine
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig, lr_at
@@ -50,7 +50,8 @@ def make_engine(config_path: str, policy: Policy, seq: int, optim: OptimConfig =
     host.init_random(adapter, seed)
     spec = ModelSpec.from_hf_config(TINY_BY_TYPE(config_path), name="tiny")
     device = Device("cpu")
-    engine = StreamingEngine(adapter, spec, host, policy, optim, device, TraceRecorder(device), seq, torch.float32)
+    engine = StreamingEngine(EngineConfig(policy, optim, seq, torch.float32), adapter, spec, host, device,
+                             TraceRecorder(device))
     return engine, adapter, host
 
 

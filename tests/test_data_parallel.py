@@ -66,7 +66,7 @@ def test_three_ranks_hold_one_copy_of_the_state(tmp_path):
     policy = Policy(param_route="sharded", grad_route="per_rank", micro_batch=1, accumulation=1, chunks_per_layer=2)
     run_data_parallel(3, config, policy, SEQ, 1, tmp_path)
     _, adapter, single_host = make_engine(config, Policy(), SEQ)
-    state_files = ("master.bin", "exp_avg.bin", "exp_avg_sq.bin", "staging.bin")
+    state_files = ("master.bin", "exp_avg.bin", "exp_avg_sq.bin", "slot.bin")
     shm = tmp_path / "shm"
     shared_bytes = sum((shm / f).stat().st_size for f in state_files)
     assert shared_bytes == single_host.total_bytes()  # the same state as one process, not three

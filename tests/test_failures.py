@@ -45,12 +45,12 @@ def test_non_finite_gradient_skips_the_step_and_leaves_the_state_untouched(tmp_p
     data = batches(97, 16, 2, 3, seed=4)
     engine.step(data[0])
     engine.flush()
-    before = [t.clone() for t in (host.master, host.exp_avg, host.exp_avg_sq, host.staging)]
+    before = [t.clone() for t in (host.master, host.exp_avg, host.exp_avg_sq, host.slot)]
     engine.poison_next_gradient = True
     stats = engine.step(data[1])
     engine.flush()
     assert stats.skipped and host.step == 1
-    for t, ref in zip((host.master, host.exp_avg, host.exp_avg_sq, host.staging), before, strict=True):
+    for t, ref in zip((host.master, host.exp_avg, host.exp_avg_sq, host.slot), before, strict=True):
         assert torch.equal(t, ref)
     after = engine.step(data[2])
     assert not after.skipped and torch.isfinite(torch.tensor(after.loss))
@@ -66,7 +66,7 @@ def test_as_ready_skips_non_finite_chunks_without_corrupting_state(tmp_path):
     engine.poison_next_gradient = True
     engine.step(batches(97, 16, 1, 1)[0])
     assert engine.nonfinite_chunks > 0
-    assert torch.isfinite(host.master).all() and torch.isfinite(host.staging).all()
+    assert torch.isfinite(host.master).all() and torch.isfinite(host.slot).all()
 
 
 def test_cli_stop_on_non_finite(tmp_path):

@@ -76,7 +76,7 @@ def test_bf16_trace_conserves_bytes_and_uses_14_bytes_per_param(tmp_path, fused)
     from slidedp.model_spec import ModelSpec
     from slidedp.runtime.cpu_adam import fused_kernel
     from slidedp.runtime.device import Device
-    from slidedp.runtime.engine import StreamingEngine
+    from slidedp.runtime.engine import EngineConfig, StreamingEngine
     from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
     from slidedp.runtime.host_state import HostState
     from slidedp.runtime.tracing import TraceRecorder
@@ -92,8 +92,8 @@ def test_bf16_trace_conserves_bytes_and_uses_14_bytes_per_param(tmp_path, fused)
     device = Device("cpu")
     if fused and fused_kernel() is None:
         pytest.skip("the one-pass kernel does not compile here")
-    engine = StreamingEngine(adapter, spec, host, policy, OPTIM, device, TraceRecorder(device), 16, torch.bfloat16,
-                             fused_adam=fused)
+    engine = StreamingEngine(EngineConfig(policy, OPTIM, 16, torch.bfloat16, fused_adam=fused), adapter, spec, host,
+                             device, TraceRecorder(device))
     engine.step(batches(97, 16, 4, 1)[0])
     trace = engine.step(batches(97, 16, 4, 2)[1]).trace
     hw = load_hardware("h200-x1")
