@@ -134,7 +134,8 @@ class StreamingEngine:
         self.tied = adapter.tied
         self.rotary = adapter.rotary(device.torch_device)
         check_gpu_state_units(pol.gpu_state_units, len(self.units))
-        self._work = unit_work(spec, pol.activation, pol.micro_batch, pol.accumulation, config.seq)
+        self._work = unit_work(spec, pol.activation, pol.micro_batch, pol.accumulation, config.seq,
+                               pol.loss_chunk_tokens)
         # Units that stay on the GPU from forward into backward (the rule the simulator's schedule uses).
         self._resident = (True,) * len(self.units) if resident else \
             resident_in_backward(self._work, pol.prefetch_depth, pol.gpu_state_units)
