@@ -69,7 +69,7 @@ def test_operation_costs_sum_to_the_unit_times():
 
 def test_without_curves_the_layer_level_model_is_unchanged():
     hw = load_hardware("h200-x1")
-    assert hw.gpu.compute is None
+    hw = replace(hw, gpu=replace(hw.gpu, compute=None))
     m = load_model_spec("qwen3-4b")
     units = build_units(m, hw.gpu, "recompute", 1, 1, 4096)
     lin = m.layer_linear_flops_per_token() * 4096
@@ -183,3 +183,18 @@ def test_fit_recovers_the_dispatch_floor_and_pass_overhead():
         for backward, o in ((False, ops), (True, c.backward_ops(ops))):
             assert got.curves.layer_pass_seconds(o, backward) == pytest.approx(truth.layer_pass_seconds(o, backward),
                                                                                rel=0.03)
+
+
+def test_shipped_presets_follow_the_one_chip_rule():
+    """Every non-H200 preset's compute curves are the H200's measured ones carried by slidedp.chips."""
+    from pathlib import Path
+
+    import slidedp.presets
+    from slidedp.chips import CHIPS, derived_presets
+
+    derived = derived_presets(Path(slidedp.presets.__file__).parent)
+    assert {p.stem for p in derived} == {"h100-sxm-x1", "h100-sxm-x4", "h100-sxm-x8", "rtx4090-x4"}
+    for path, expected in derived.items():
+        shipped = load_hardware(path.stem)
+        assert shipped.gpu.compute == expected.gpu.compute
+        assert "assumed unchanged" in shipped.notes and CHIPS[shipped.gpu.name].source in shipped.notes
