@@ -6,7 +6,9 @@ import torch
 
 from slidedp.calibration.fits import fit_backward_ratios, fit_compute, fit_link, layer_time, thread_curve
 from slidedp.calibration.from_run import load_record, mape, refit_profile, validate
-from slidedp.calibration.microbench import Measurements, host_benchmarks, profile_from
+from slidedp.calibration.host_bench import host_benchmarks
+from slidedp.calibration.measurements import Measurements
+from slidedp.calibration.profile_fit import profile_from
 from slidedp.cli import main
 from slidedp.hardware import HardwareProfile, load_hardware
 from slidedp.model_spec import load_model_spec
@@ -118,7 +120,8 @@ def test_cli_calibrate_and_validate(tmp_path, capsys):
 def test_layer_benchmark_fits_the_compute_model_on_this_cpu(tmp_path):
     import json
 
-    from slidedp.calibration.microbench import Measurements, layer_benchmarks
+    from slidedp.calibration.gpu_bench import layer_benchmarks
+    from slidedp.calibration.measurements import Measurements
 
     config = tmp_path / "small.json"
     config.write_text(json.dumps(dict(model_type="qwen3", vocab_size=300, hidden_size=128, intermediate_size=384,

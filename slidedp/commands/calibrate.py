@@ -31,7 +31,9 @@ def _table(title: str, table) -> Table:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     from slidedp.calibration.from_run import mape, refit_profile, validate
-    from slidedp.calibration.microbench import gpu_benchmarks, host_benchmarks, layer_benchmarks, profile_from
+    from slidedp.calibration.gpu_bench import gpu_benchmarks, layer_benchmarks
+    from slidedp.calibration.host_bench import host_benchmarks
+    from slidedp.calibration.profile_fit import profile_from
 
     console = Console()
     base = load_hardware(args.base)
