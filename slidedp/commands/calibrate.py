@@ -1,4 +1,4 @@
-"""``slidedp calibrate`` (micro-benchmarks or refit from runs) and ``slidedp validate``."""
+"""``slidedp calibrate``: micro-benchmarks of this machine, or a refit from run directories."""
 
 from __future__ import annotations
 
@@ -6,27 +6,11 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from slidedp.commands.progress import progress_callback
+from slidedp.commands.validation_table import load_records, validation_table
 from slidedp.errors import SlideDPError
 from slidedp.hardware import load_hardware
-
-
-def _records(paths: list[str]):
-    from slidedp.calibration.from_run import load_record
-
-    return [load_record(p) for p in paths]
-
-
-def _table(title: str, table) -> Table:
-    view = Table(title=title)
-    for col in ("run", "measured s", "predicted s", "error %", "limiter (measured / predicted)"):
-        view.add_column(col)
-    for r in table.itertuples():
-        view.add_row(r.label, f"{r.measured_s:.3f}", f"{r.predicted_s:.3f}", f"{r.error_percent:+.1f}",
-                     f"{r.measured_limiter} / {r.predicted_limiter}")
-    return view
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -38,12 +22,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
     console = Console()
     base = load_hardware(args.base)
     if args.from_run:
-        records = _records(args.from_run)
+        records = load_records(args.from_run)
         before = validate(records, base)
         profile, report = refit_profile(base, records)
         after = validate(records, profile)
-        console.print(_table(f"before: {base.name} (MAPE {mape(before):.1f}%)", before))
-        console.print(_table(f"after: {profile.name} (MAPE {mape(after):.1f}%)", after))
+        console.print(validation_table(f"before: {base.name} (MAPE {mape(before):.1f}%)", before))
+        console.print(validation_table(f"after: {profile.name} (MAPE {mape(after):.1f}%)", after))
     else:
         with progress_callback("micro-benchmarks") as progress:
             measured = host_benchmarks(args.quick, progress)
@@ -58,18 +42,4 @@ def run_calibrate(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise SlideDPError(f"cannot write {args.out!r}: {exc.strerror}") from None
     console.print(f"wrote {args.out}")
-    return 0
-
-
-def run_validate(args: argparse.Namespace) -> int:
-    from slidedp.calibration.from_run import mape, validate
-
-    records = _records(args.runs)
-    table = validate(records, load_hardware(args.hardware))
-    console = Console()
-    console.print(_table(f"{args.hardware}: MAPE {mape(table):.1f}%, limiter matches "
-                         f"{int(table.limiter_match.sum())}/{len(table)}", table))
-    if args.out:
-        table.to_csv(args.out, index=False)
-        console.print(f"wrote {args.out} (plot it: slidedp report RUN --validation {args.out})")
     return 0
