@@ -14,6 +14,7 @@ from slidedp.hardware import HardwareProfile, load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.policy import Policy
 from slidedp.report.rundir import write_run_dir
+from slidedp.run_summary import RunSummary
 from slidedp.sim import simulate
 from slidedp.workload import StepWorkload
 
@@ -72,8 +73,8 @@ def _simulated_runs(tmp_path, hw: HardwareProfile) -> list:
                                         (4096, 4, "recompute"), (8192, 1, "offload"), (2048, 8, "recompute")]):
         policy = Policy(micro_batch=mb, accumulation=1, activation=act, chunks_per_layer=4)
         sim = simulate(StepWorkload(spec, hw, policy, seq, mb))
-        summary = {"model": spec.name, "model_spec": spec.to_dict(), "policy": policy.to_dict(), "seq": seq,
-                   "batch": mb, "ranks": 1, "step_time_s": sim.step_time_s, "limiter": sim.limiter}
+        summary = RunSummary(model=spec.name, model_spec=spec.to_dict(), policy=policy.to_dict(), seq=seq,
+                             batch=mb, ranks=1, step_time_s=sim.step_time_s, limiter=sim.limiter)
         paths.append(write_run_dir(tmp_path / f"run{i}", sim.trace, sim.exposure, summary, policy, hw))
     return paths
 
