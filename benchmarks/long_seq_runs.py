@@ -67,7 +67,7 @@ def main() -> int:
                                       device=args.device, extra=("--gpu-budget", str(args.gpu_budget)))
             row = {"seq": seq, "layers": args.layers, "exit": code, "wall_s": time.perf_counter() - t0}
             if summary is not None:
-                row.update(summary, status="ok")
+                row.update(summary.to_dict(), status="ok")
             else:
                 row["status"] = f"failed (exit {code})"
             results.write(json.dumps(row) + "\n")

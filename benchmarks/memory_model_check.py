@@ -15,6 +15,7 @@ from slidedp.hardware import GIB, load_hardware
 from slidedp.model import estimate_memory
 from slidedp.model_spec import load_model_spec
 from slidedp.policy import Policy
+from slidedp.run_summary import RunSummary
 from slidedp.workload import StepWorkload
 
 RESULTS = Path(__file__).parent / "results" / "h200-2026-12-02"
@@ -31,9 +32,9 @@ def measured_points():
                 yield (f"{row['model']} batch {row['batch']} ({row['policy']['activation']})", row["model"],
                        Policy.from_dict(row["policy"]), row["seq"], row["batch"], row["gpu_peak_gib"])
     for run in ("run64k", "run128k"):
-        summary = json.loads((RESULTS / run / "summary.json").read_text())
-        yield (f"qwen3-8b {summary['seq']} tokens", "qwen3-8b", Policy.from_dict(summary["policy"]), summary["seq"],
-               summary["batch"], summary["gpu_peak_gib"])
+        summary = RunSummary.load(RESULTS / run / "summary.json")
+        yield (f"qwen3-8b {summary.seq} tokens", "qwen3-8b", Policy.from_dict(summary.policy), summary.seq,
+               summary.batch, summary.gpu_peak_gib)
     for seq, peak in LONG_RUNS.items():
         yield f"qwen3-8b {seq} tokens", "qwen3-8b", LONG_POLICY, seq, 1, peak
     # Second session: validation runs, the tuned runs of the peer comparison, the 14B-wide long sequences.

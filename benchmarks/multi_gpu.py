@@ -69,7 +69,7 @@ class Runner:
         with (run / "metrics.csv").open() as fh:
             losses = [float(r["loss"]) for r in csv.DictReader(fh)]
         row.update(status="ok", losses=losses, exposure_s=exposure,
-                   **{k: s.get(k) for k in ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "limiter",
+                   **{k: getattr(s, k) for k in ("step_time_s", "tokens_per_s", "model_tflops_per_gpu", "limiter",
                                             "predicted_step_time_s", "predicted_limiter", "gpu_peak_gib",
                                             "host_rss_peak_gib", "host_state_bytes_per_param")})
         return self._keep(row)

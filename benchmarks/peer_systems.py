@@ -405,11 +405,12 @@ def run_slidedp_ranks(args, emit, host_state_only: bool = False) -> None:
         if code != 0 or s is None:
             emit({**base, "status": f"failed (exit {code})", "policy": policy.to_dict()})
             continue
-        emit({**base, "status": "ok", "policy": s["policy"], "step_time_s": s["step_time_s"],
-              "tokens_per_s": s["tokens_per_s"], "model_tflops": s["model_tflops_per_gpu"] * args.gpus,
-              "gpu_peak_gib": s.get("gpu_peak_gib") or float("nan"), "host_rss_peak_gib": s["host_rss_peak_gib"],
-              "limiter": s["limiter"], "predicted_step_time_s": s["predicted_step_time_s"],
-              "predicted_limiter": s.get("predicted_limiter", ""), "final_loss": s["final_loss"],
+        emit({**base, "status": "ok", "policy": s.policy, "step_time_s": s.step_time_s,
+              "tokens_per_s": s.tokens_per_s, "model_tflops": s.model_tflops_per_gpu * args.gpus,
+              "gpu_peak_gib": s.gpu_peak_gib or float("nan"), "host_rss_peak_gib": s.host_rss_peak_gib,
+              "limiter": s.limiter, "predicted_step_time_s": s.predicted_step_time_s,
+              "predicted_limiter": s.predicted_limiter if "predicted_limiter" in s.given else "",
+              "final_loss": s.final_loss,
               "optimizer": "SlideDP one-pass CPU AdamW"})
 
 

@@ -20,6 +20,7 @@ from slidedp.hardware import GIB, HardwareProfile
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.report.rundir import write_run_dir
+from slidedp.run_summary import RunSummary
 from slidedp.runtime.device import Device
 from slidedp.runtime.engine import EngineConfig, StreamingEngine
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
@@ -107,7 +108,7 @@ def measure_policy(sm: StreamingModel, hw: HardwareProfile, policy: Policy, seq:
 
 def save_run_dir(directory: Path, label: str, row: dict, trace: pd.DataFrame, spec: ModelSpec) -> Path:
     """The measured step as a run directory (trace, exposure, summary) for `slidedp validate`/`calibrate`."""
-    summary = {"model": row["model"], "model_spec": spec.to_dict(), "policy": row["policy"], "seq": row["seq"],
-               "batch": row["batch"], "ranks": 1, "adam_threads": row["adam_threads"],
-               "step_time_s": row["step_time_s"], "limiter": row["limiter"], "measured": True}
+    summary = RunSummary(model=row["model"], model_spec=spec.to_dict(), policy=row["policy"], seq=row["seq"],
+                         batch=row["batch"], ranks=1, adam_threads=row["adam_threads"],
+                         step_time_s=row["step_time_s"], limiter=row["limiter"], measured=True)
     return write_run_dir(directory / label, trace, exposure_from_trace(trace), summary)

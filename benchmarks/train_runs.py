@@ -3,15 +3,16 @@ checkpoint), returning the exit code and the run directory's summary."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
+from slidedp.run_summary import RunSummary
+
 
 def train_run(model: str, seq: int, policy_path: Path, steps: int, out: Path, *, batch: int | None = None,
               nproc: int = 1, hardware: str = "h200-x1", device: str = "auto",
-              extra: tuple[str, ...] = ()) -> tuple[int, dict | None]:
+              extra: tuple[str, ...] = ()) -> tuple[int, RunSummary | None]:
     """Exit code and summary.json of one run (None where the run wrote no summary)."""
     cmd = [sys.executable, "-m", "slidedp.cli", "train", "--model", str(model), "--data", "synthetic", "--seq",
            str(seq), "--policy", str(policy_path), "--steps", str(steps), "--nproc", str(nproc), "--hardware",
@@ -21,4 +22,4 @@ def train_run(model: str, seq: int, policy_path: Path, steps: int, out: Path, *,
     print(f"=== {' '.join(cmd[3:])}", flush=True)
     proc = subprocess.run(cmd, check=False)
     summary = Path(out) / "summary.json"
-    return proc.returncode, json.loads(summary.read_text()) if summary.exists() else None
+    return proc.returncode, RunSummary.load(summary) if summary.exists() else None

@@ -29,6 +29,7 @@ from slidedp.hardware import load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.policy import Policy
 from slidedp.report.rundir import write_run_dir
+from slidedp.run_summary import RunSummary
 
 RESULTS = Path(__file__).parent / "results" / "h200-2026-12-02"
 NEW = Path(__file__).parent / "results" / "h200-2026-12-02b"
@@ -47,10 +48,10 @@ def sweep_runs(directory: Path) -> list[Path]:
             label = f"{row['model']}-b{row['batch']}"
             trace = trace_all[trace_all["run"] == label].drop(columns="run").reset_index(drop=True)
             policy = Policy.from_dict(row["policy"])
-            summary = {"model": row["model"], "model_spec": load_model_spec(row["model"]).to_dict(),
-                       "policy": row["policy"], "seq": row["seq"], "batch": row["batch"], "ranks": 1,
-                       "adam_threads": policy.adam_threads, "step_time_s": row["step_time_s"],
-                       "limiter": row["limiter"]}
+            summary = RunSummary(model=row["model"], model_spec=load_model_spec(row["model"]).to_dict(),
+                                 policy=row["policy"], seq=row["seq"], batch=row["batch"], ranks=1,
+                                 adam_threads=policy.adam_threads, step_time_s=row["step_time_s"],
+                                 limiter=row["limiter"])
             runs.append(write_run_dir(directory / label, trace, exposure_from_trace(trace), summary))
     return runs
 

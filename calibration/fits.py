@@ -13,6 +13,7 @@ import numpy as np
 from scipy.optimize import OptimizeWarning, curve_fit, nnls
 
 from slidedp.errors import SlideDPError
+from slidedp.hardware import layer_forward_seconds
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,11 @@ def fit_link(sizes_bytes, seconds) -> LinkFit:
 
 
 def layer_time(x, matmul_tflops, half_tokens, attention_tflops, overhead_s):
-    """The GPUSpec compute model: linears at an efficiency that saturates with tokens, attention, overhead."""
+    """The GPUSpec compute model (``slidedp.hardware.layer_forward_seconds``) in curve_fit's calling convention:
+    ``x`` = (linear FLOPs, attention FLOPs, tokens) arrays, then the four fitted parameters."""
     linear_flops, attention_flops, tokens = x
-    eff = tokens / (tokens + half_tokens)
-    return linear_flops / (matmul_tflops * 1e12 * eff) + attention_flops / (attention_tflops * 1e12) + overhead_s
+    return layer_forward_seconds(linear_flops, attention_flops, tokens, matmul_tflops, half_tokens, attention_tflops,
+                                 overhead_s)
 
 
 def fit_compute(linear_flops, attention_flops, tokens, seconds) -> ComputeFit:

@@ -48,13 +48,14 @@ class RunRecord:
 def load_record(path: str | Path) -> RunRecord:
     run = load_run(path)
     s = run.summary
-    missing = [k for k in ("model_spec", "policy", "seq", "batch", "step_time_s") if k not in s]
+    missing = s.missing("model_spec", "policy", "seq", "batch", "step_time_s")
     if missing:
         raise SlideDPError(f"run {str(path)!r}: summary.json lacks {', '.join(missing)}")
-    return RunRecord(label=Path(path).name, spec=ModelSpec(**s["model_spec"]), policy=Policy.from_dict(s["policy"]),
-                     seq=int(s["seq"]), batch=int(s["batch"]), ranks=int(s.get("ranks", s.get("gpus", 1))),
-                     adam_threads=s.get("adam_threads"), measured_s=float(s["step_time_s"]),
-                     measured_limiter=str(s.get("limiter", "")), trace=run.trace)
+    ranks = s.ranks if "ranks" in s.given else s.gpus if "gpus" in s.given else 1
+    return RunRecord(label=Path(path).name, spec=ModelSpec(**s.model_spec), policy=Policy.from_dict(s.policy),
+                     seq=int(s.seq), batch=int(s.batch), ranks=int(ranks), adam_threads=s.adam_threads,
+                     measured_s=float(s.step_time_s),
+                     measured_limiter=str(s.limiter if "limiter" in s.given else ""), trace=run.trace)
 
 
 def validate(records: list[RunRecord], hw: HardwareProfile) -> pd.DataFrame:

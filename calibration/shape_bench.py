@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +39,7 @@ GPU_ELEMENTWISE = ((4096, 2048), (16384, 4096), (65536, 4096), (32768, 8192))  #
 CPU_ELEMENTWISE = ((256, 64), (1024, 128))
 
 
-class _Timer:
+class Timer:
     def __init__(self, device: torch.device, repeats: int, max_seconds: float):
         self.device, self.repeats, self.max_seconds = device, repeats, max_seconds
         self.cuda = device.type == "cuda"
@@ -69,7 +69,7 @@ class _Timer:
             torch.cuda.synchronize(self.device)
 
 
-def gemm_samples(timer: _Timer, dtype: torch.dtype, shapes) -> list[tuple[c.Gemm, float]]:
+def gemm_samples(timer: Timer, dtype: torch.dtype, shapes) -> list[tuple[c.Gemm, float]]:
     out = []
     for m, n, k in shapes:
         a = torch.randn(m, k, dtype=dtype, device=timer.device)
@@ -79,7 +79,7 @@ def gemm_samples(timer: _Timer, dtype: torch.dtype, shapes) -> list[tuple[c.Gemm
     return out
 
 
-def attention_samples(timer: _Timer, dtype: torch.dtype, shapes) -> list[tuple[c.Attention, float]]:
+def attention_samples(timer: Timer, dtype: torch.dtype, shapes) -> list[tuple[c.Attention, float]]:
     """Forward alone, and forward + backward minus forward, of causal SDPA with grouped KV heads in the
     (batch, heads, seq, head_dim) layout the HF attention passes it."""
     out = []
@@ -106,7 +106,7 @@ def attention_samples(timer: _Timer, dtype: torch.dtype, shapes) -> list[tuple[c
     return out
 
 
-def elementwise_samples(timer: _Timer, dtype: torch.dtype, shapes) -> list[tuple[c.Elementwise, float]]:
+def elementwise_samples(timer: Timer, dtype: torch.dtype, shapes) -> list[tuple[c.Elementwise, float]]:
     """The HF memory-bound modules the layers run (RMSNorm, rotary, SwiGLU, residual add), each against
     the byte and kernel counts slidedp.compute assigns it."""
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
@@ -135,19 +135,18 @@ def elementwise_samples(timer: _Timer, dtype: torch.dtype, shapes) -> list[tuple
     return out
 
 
-def layer_samples(timer: _Timer, dtype: torch.dtype, model: str, grid) -> list[tuple[str, list, float]]:
-    """Forward and backward (forward + backward minus forward) of one decoder layer of ``model`` through the
-    runtime's own functional layer call, against the operations slidedp.compute lists for it."""
+def layer_pass_times(timer: Timer, dtype: torch.dtype, model: str, grid) -> Iterator[tuple[int, int, float, float]]:
+    """Yield (seq, batch, forward s, backward s) of one decoder layer of ``model`` per grid point, through the
+    runtime's own functional layer call; backward = (forward + backward) - forward, with weight and input
+    gradients as in training."""
     from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 
     cfg = load_hf_config(model)
-    spec = ModelSpec.from_hf_config(cfg.to_dict(), name=model)
     adapter = ModelAdapter(cfg)
     unit = adapter.units[1]
     layer = adapter.layer_module(unit)
     flat = torch.randn(unit.numel, dtype=dtype, device=timer.device) * 0.02
     rotary = adapter.rotary(timer.device)
-    out = []
     for seq, batch in grid:
         x = torch.randn(batch, seq, cfg.hidden_size, dtype=dtype, device=timer.device, requires_grad=True)
         pos = torch.arange(seq, device=timer.device).unsqueeze(0)
@@ -166,11 +165,21 @@ def layer_samples(timer: _Timer, dtype: torch.dtype, model: str, grid) -> list[t
                 if backward:
                     torch.autograd.grad(o, [x, *params.values()], torch.ones_like(o))
 
-        fwd = timer.seconds(lambda: run(False))
-        both = timer.seconds(lambda: run(True))
+        fwd = timer.seconds(lambda run=run: run(False))
+        both = timer.seconds(lambda run=run: run(True))
+        yield seq, batch, fwd, max(both - fwd, 1e-9)
+
+
+def layer_samples(timer: Timer, dtype: torch.dtype, model: str, grid) -> list[tuple[str, list, float]]:
+    """Layer passes of ``model`` against the operations slidedp.compute lists for them."""
+    from slidedp.runtime.hf_adapter import load_hf_config
+
+    spec = ModelSpec.from_hf_config(load_hf_config(model).to_dict(), name=model)
+    out = []
+    for seq, batch, fwd, bwd in layer_pass_times(timer, dtype, model, grid):
         ops = spec.layer_forward_ops(batch, seq)
         out.append((f"{model} fwd s{seq} b{batch}", ops, fwd))
-        out.append((f"{model} bwd s{seq} b{batch}", c.backward_ops(ops), max(both - fwd, 1e-9)))
+        out.append((f"{model} bwd s{seq} b{batch}", c.backward_ops(ops), bwd))
     return out
 
 
@@ -180,7 +189,7 @@ def shape_samples(layer_model: str | None = None, quick: bool = False, progress:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
-    timer = _Timer(device, 3 if quick else repeats, max_seconds)
+    timer = Timer(device, 3 if quick else repeats, max_seconds)
     gemms = GPU_GEMMS if cuda else CPU_GEMMS
     if quick and cuda:
         gemms = tuple(s for s in gemms if s[0] in (1024, 4096))

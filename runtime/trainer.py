@@ -26,6 +26,7 @@ from slidedp.model import estimate_memory, memory_shortfalls
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.report.rundir import write_run_dir
+from slidedp.run_summary import RunSummary
 from slidedp.runtime.comm import Comm
 from slidedp.runtime.data import PackedData, load_data
 from slidedp.runtime.device import Device
@@ -140,7 +141,7 @@ class Trainer:
         self.data: PackedData = load_data(s.data, s.tokenizer, self.config.vocab_size, s.seq, self.per_step, s.seed)
 
     # ---- the run ----------------------------------------------------------------------------------------------
-    def run(self) -> dict:
+    def run(self) -> RunSummary:
         s = self.spec
         comm = self._init_distributed()
         device = Device(self.device_name)
@@ -291,29 +292,30 @@ class Trainer:
                                                      "world": comm.world})
         comm.barrier()
 
-    def _summary(self, last: StepStats, times: list[float], device: Device, host: HostState, exposure) -> dict:
+    def _summary(self, last: StepStats, times: list[float], device: Device, host: HostState,
+                 exposure) -> RunSummary:
         s = self.spec
         steady = times[1:] if len(times) > 1 else times
         step_time = statistics.median(steady)
         mean = exposure.drop(columns="rank").mean()
         predicted = simulate(self.workload)
-        return {
-            "model": self.model_spec.name, "model_spec": self.model_spec.to_dict(), "hardware": s.hardware.name,
-            "gpus": s.world, "seq": s.seq, "adam_threads": self.workload.adam_threads,
-            "batch": self.per_step, "tokens_per_step": self.per_step * s.seq, "policy": s.policy.to_dict(),
-            "ranks": s.world,
-            "source": "measured", "device": self.device_name, "dtype": str(self.compute_dtype).replace("torch.", ""),
-            "steps": len(times), "step_time_s": step_time, "tokens_per_s": self.per_step * s.seq / step_time,
-            "model_tflops_per_gpu": self.workload.model_flops_per_step() / step_time / s.world / 1e12,
-            "limiter": limiter(float(mean["compute"]), {c: float(mean[c]) for c in EXPOSURE_CATEGORIES}),
-            "bottleneck": "",
-            "final_loss": last.loss,
-            "gpu_peak_gib": torch.cuda.max_memory_allocated(device.torch_device) / GIB if device.is_cuda else None,
-            "predicted_gpu_peak_gib": self.memory.gpu_peak / GIB,
-            "predicted_gpu_allocated_gib": self.memory.gpu_allocated_peak / GIB,  # compare with gpu_peak_gib
-            "host_rss_peak_gib": rss_bytes("VmHWM") / GIB,
-            "host_state_bytes_per_param": host.bytes_per_param(),
-            "predicted_step_time_s": predicted.step_time_s,
-            "predicted_limiter": predicted.limiter,
-            "pid": os.getpid(),
-        }
+        return RunSummary(
+            model=self.model_spec.name, model_spec=self.model_spec.to_dict(), hardware=s.hardware.name,
+            gpus=s.world, seq=s.seq, adam_threads=self.workload.adam_threads,
+            batch=self.per_step, tokens_per_step=self.per_step * s.seq, policy=s.policy.to_dict(),
+            ranks=s.world,
+            source="measured", device=self.device_name, dtype=str(self.compute_dtype).replace("torch.", ""),
+            steps=len(times), step_time_s=step_time, tokens_per_s=self.per_step * s.seq / step_time,
+            model_tflops_per_gpu=self.workload.model_flops_per_step() / step_time / s.world / 1e12,
+            limiter=limiter(float(mean["compute"]), {c: float(mean[c]) for c in EXPOSURE_CATEGORIES}),
+            bottleneck="",
+            final_loss=last.loss,
+            gpu_peak_gib=torch.cuda.max_memory_allocated(device.torch_device) / GIB if device.is_cuda else None,
+            predicted_gpu_peak_gib=self.memory.gpu_peak / GIB,
+            predicted_gpu_allocated_gib=self.memory.gpu_allocated_peak / GIB,  # compare with gpu_peak_gib
+            host_rss_peak_gib=rss_bytes("VmHWM") / GIB,
+            host_state_bytes_per_param=host.bytes_per_param(),
+            predicted_step_time_s=predicted.step_time_s,
+            predicted_limiter=predicted.limiter,
+            pid=os.getpid(),
+        )

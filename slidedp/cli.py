@@ -1,4 +1,6 @@
-"""Command-line entry point: ``slidedp simulate`` (and the commands later issues add).
+"""Command-line entry point: simulate, tune, sweep, report, train, calibrate and validate.
+
+Each command lives in its own module under ``slidedp.commands``, imported only when it runs.
 
 Every user mistake ends as one ``slidedp: error: ...`` line on stderr with exit code 2.
 """
@@ -93,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="policy presets (sharded, replicated, sharded-as-ready, zero-offload-like) or YAML files")
     sweep.add_argument("--analytical", action="store_true", help="use the analytical model only (fast)")
     sweep.add_argument("--out", default="sweep.csv", help="tidy table (.csv or .parquet; default sweep.csv)")
-    sweep.set_defaults(func=_command("report", "run_sweep_command"))
+    sweep.set_defaults(func=_command("sweep", "run_sweep_command"))
 
     report = sub.add_parser("report", help="plots and a one-page summary of a run directory or trace file")
     report.add_argument("run", help="run directory (slidedp simulate --out) or a trace file")
@@ -148,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("runs", nargs="+", help="run directories")
     val.add_argument("--hardware", default="h200-x1", help="profile to predict with (default h200-x1)")
     val.add_argument("--out", help="write the table as CSV (for slidedp report --validation)")
-    val.set_defaults(func=_command("calibrate", "run_validate"))
+    val.set_defaults(func=_command("validate", "run_validate"))
     return parser
 
 

@@ -7,6 +7,7 @@ Rates are stored in human units (GB/s, TFLOP/s, G params/s) because people edit 
 from __future__ import annotations
 
 import bisect
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -50,6 +51,31 @@ def interpolate_curve(curve: dict[int, float], threads: int) -> float:
     return y0 + (y1 - y0) * (threads - x0) / (x1 - x0)
 
 
+def linear_seconds(flops, tokens, matmul_tflops: float, half_efficiency_tokens: float):
+    """Time of a layer's linears: the matmul rate saturates with tokens per kernel, reaching half of
+    ``matmul_tflops`` at ``half_efficiency_tokens``. A scalar token count of 0 or less (unknown) means the full
+    rate. Works elementwise on numpy arrays, which is how the calibration fit calls it."""
+    unknown = isinstance(tokens, numbers.Real) and not tokens > 0
+    efficiency = 1.0 if unknown else tokens / (tokens + half_efficiency_tokens)
+    return flops / (matmul_tflops * 1e12 * efficiency)
+
+
+def attention_seconds(flops, attention_tflops: float):
+    """Time of a layer's attention at the achieved (sequence-length independent) attention rate."""
+    return flops / (attention_tflops * 1e12)
+
+
+def layer_forward_seconds(linear_flops, attention_flops, tokens, matmul_tflops: float, half_efficiency_tokens: float,
+                          attention_tflops: float, overhead_s: float):
+    """One decoder layer's forward time: linears + attention + a fixed per-layer overhead.
+
+    The one home of the GPU compute model: ``GPUSpec`` evaluates it with a profile's rates, and
+    ``slidedp.calibration.fits.fit_compute`` fits those rates to measured layer times with it, so the rates a
+    calibration writes mean exactly what the simulator reads them as. Scalars or numpy arrays."""
+    return (linear_seconds(linear_flops, tokens, matmul_tflops, half_efficiency_tokens)
+            + attention_seconds(attention_flops, attention_tflops) + overhead_s)
+
+
 @dataclass(frozen=True)
 class GPUSpec:
     """One GPU and its PCIe attachment."""
@@ -90,11 +116,15 @@ class GPUSpec:
                   adam_gparams_per_s=self.adam_gparams_per_s)
 
     def linear_time(self, flops: float, tokens: float) -> float:
-        efficiency = tokens / (tokens + self.half_efficiency_tokens) if tokens > 0 else 1.0
-        return flops / (self.matmul_tflops * 1e12 * efficiency)
+        return linear_seconds(flops, tokens, self.matmul_tflops, self.half_efficiency_tokens)
 
     def attention_time(self, flops: float) -> float:
-        return flops / (self.attention_tflops * 1e12)
+        return attention_seconds(flops, self.attention_tflops)
+
+    def layer_forward_time(self, linear_flops: float, attention_flops: float, tokens: float) -> float:
+        """One decoder layer's forward pass (see ``layer_forward_seconds``), per-layer overhead included."""
+        return layer_forward_seconds(linear_flops, attention_flops, tokens, self.matmul_tflops,
+                                     self.half_efficiency_tokens, self.attention_tflops, self.layer_overhead_us * 1e-6)
 
 
 @dataclass(frozen=True)

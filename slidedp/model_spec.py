@@ -1,6 +1,6 @@
 """Shape of a decoder-only transformer and the per-layer quantities every other part derives from.
 
-The analytical model, the simulator and (later) the runtime all need the same counts: parameters per
+The analytical model, the simulator and the runtime all need the same counts: parameters per
 unit, FLOPs per token, activation bytes per token. Keeping them here means the three can never disagree.
 """
 

@@ -1,6 +1,6 @@
 """Resolve CLI-level inputs (names, paths, sizes) into a checked StepWorkload.
 
-Shared by simulate, tune, sweep and (later) train so that every command validates the same way.
+Shared by simulate, tune, sweep and train so that every command validates the same way.
 """
 
 from __future__ import annotations

@@ -6,12 +6,15 @@ import torch
 
 from slidedp.calibration.fits import fit_backward_ratios, fit_compute, fit_link, layer_time, thread_curve
 from slidedp.calibration.from_run import load_record, mape, refit_profile, validate
-from slidedp.calibration.microbench import Measurements, host_benchmarks, profile_from
+from slidedp.calibration.host_bench import host_benchmarks
+from slidedp.calibration.measurements import Measurements
+from slidedp.calibration.profile_fit import profile_from
 from slidedp.cli import main
 from slidedp.hardware import HardwareProfile, load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.policy import Policy
 from slidedp.report.rundir import write_run_dir
+from slidedp.run_summary import RunSummary
 from slidedp.sim import simulate
 from slidedp.workload import StepWorkload
 
@@ -70,8 +73,8 @@ def _simulated_runs(tmp_path, hw: HardwareProfile) -> list:
                                         (4096, 4, "recompute"), (8192, 1, "offload"), (2048, 8, "recompute")]):
         policy = Policy(micro_batch=mb, accumulation=1, activation=act, chunks_per_layer=4)
         sim = simulate(StepWorkload(spec, hw, policy, seq, mb))
-        summary = {"model": spec.name, "model_spec": spec.to_dict(), "policy": policy.to_dict(), "seq": seq,
-                   "batch": mb, "ranks": 1, "step_time_s": sim.step_time_s, "limiter": sim.limiter}
+        summary = RunSummary(model=spec.name, model_spec=spec.to_dict(), policy=policy.to_dict(), seq=seq,
+                             batch=mb, ranks=1, step_time_s=sim.step_time_s, limiter=sim.limiter)
         paths.append(write_run_dir(tmp_path / f"run{i}", sim.trace, sim.exposure, summary, policy, hw))
     return paths
 
@@ -118,7 +121,8 @@ def test_cli_calibrate_and_validate(tmp_path, capsys):
 def test_layer_benchmark_fits_the_compute_model_on_this_cpu(tmp_path):
     import json
 
-    from slidedp.calibration.microbench import Measurements, layer_benchmarks
+    from slidedp.calibration.gpu_bench import layer_benchmarks
+    from slidedp.calibration.measurements import Measurements
 
     config = tmp_path / "small.json"
     config.write_text(json.dumps(dict(model_type="qwen3", vocab_size=300, hidden_size=128, intermediate_size=384,

@@ -12,6 +12,7 @@ from slidedp.problem import resolve_problem
 from slidedp.report import plots
 from slidedp.report.rundir import load_run, write_run_dir
 from slidedp.report.summary import build_report
+from slidedp.run_summary import RunSummary
 from slidedp.sim import simulate
 from slidedp.sweep import POLICY_PRESETS, run_sweep
 
@@ -86,7 +87,7 @@ def test_predicted_vs_measured_reports_mape(tmp_path):
 
 def test_run_dir_round_trip_and_report(sim_result, sweep_table, tmp_path):
     run_dir = write_run_dir(tmp_path / "run", sim_result.trace, sim_result.exposure,
-                            {"model": "qwen3-0.6b", "step_time_s": sim_result.step_time_s})
+                            RunSummary(model="qwen3-0.6b", step_time_s=sim_result.step_time_s))
     run = load_run(run_dir)
     pd.testing.assert_frame_equal(run.trace, sim_result.trace)
     rep = build_report(run, tmp_path / "rep", sweep_table, None)

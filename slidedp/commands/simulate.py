@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from rich.console import Console
 from rich.table import Table
@@ -13,6 +12,7 @@ from slidedp.hardware import GIB
 from slidedp.model import estimate_step, memory_shortfalls
 from slidedp.problem import resolve_budget, resolve_problem
 from slidedp.report.rundir import write_run_dir
+from slidedp.run_summary import AnalyticalStep, MemorySummary, RunSummary, SimulatedStep
 from slidedp.sim import simulate
 from slidedp.trace import EXPOSURE_CATEGORIES, save_trace
 
@@ -27,37 +27,36 @@ def run_simulate(args: argparse.Namespace) -> int:
     result = simulate(w)
     if args.trace:
         save_trace(result.trace, args.trace)
-    summary = {
-        "model": spec.name, "model_spec": spec.to_dict(), "hardware": hw.name, "gpus": hw.num_gpus, "seq": w.seq,
-        "batch": w.global_batch,
-        "tokens_per_step": w.tokens_per_step, "policy": policy.to_dict(), "source": "simulated",
-        "step_time_s": result.step_time_s, "tokens_per_s": result.tokens_per_s, "limiter": result.limiter,
-        "bottleneck": result.bottleneck,
-        "simulated": {"step_time_s": result.step_time_s, "tokens_per_s": result.tokens_per_s,
-                      "bottleneck": result.bottleneck, "limiter": result.limiter,
-                      "compute_s": result.compute_s, "exposure_s": result.mean_exposure()},
-        "analytical": {"step_time_s": est.step_time_s, "lower_bound_s": est.lower_bound_s,
-                       "tokens_per_s": est.tokens_per_s, "bottleneck": est.bottleneck, "limiter": est.limiter,
-                       "exposure_s": est.exposure},
-        "model_tflops_per_gpu": w.model_flops_per_step() / result.step_time_s / hw.num_gpus / 1e12,
-        "memory": {"gpu_peak_gib": est.memory.gpu_peak_gib(), "gpu_budget_gib": budget.gpu_bytes / GIB,
-                   "host_total_gib": est.memory.host_total_gib(),
-                   "host_state_bytes_per_param": est.memory.host_bytes_per_param},
-    }
+    summary = RunSummary(
+        model=spec.name, model_spec=spec.to_dict(), hardware=hw.name, gpus=hw.num_gpus, seq=w.seq,
+        batch=w.global_batch, tokens_per_step=w.tokens_per_step, policy=policy.to_dict(), source="simulated",
+        step_time_s=result.step_time_s, tokens_per_s=result.tokens_per_s, limiter=result.limiter,
+        bottleneck=result.bottleneck,
+        simulated=SimulatedStep(step_time_s=result.step_time_s, tokens_per_s=result.tokens_per_s,
+                                bottleneck=result.bottleneck, limiter=result.limiter,
+                                compute_s=result.compute_s, exposure_s=result.mean_exposure()),
+        analytical=AnalyticalStep(step_time_s=est.step_time_s, lower_bound_s=est.lower_bound_s,
+                                  tokens_per_s=est.tokens_per_s, bottleneck=est.bottleneck, limiter=est.limiter,
+                                  exposure_s=est.exposure),
+        model_tflops_per_gpu=w.model_flops_per_step() / result.step_time_s / hw.num_gpus / 1e12,
+        memory=MemorySummary(gpu_peak_gib=est.memory.gpu_peak_gib(), gpu_budget_gib=budget.gpu_bytes / GIB,
+                             host_total_gib=est.memory.host_total_gib(),
+                             host_state_bytes_per_param=est.memory.host_bytes_per_param),
+    )
     if args.out:
         write_run_dir(args.out, result.trace, result.exposure, summary, policy, hw)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(summary.to_json())
     else:
         _print_tables(summary, result, est)
     return 0
 
 
-def _print_tables(s: dict, result, est) -> None:
+def _print_tables(s: RunSummary, result, est) -> None:
     console = Console()
-    console.print(f"[bold]{s['model']}[/] on [bold]{s['hardware']}[/] ({s['gpus']} GPU) - seq {s['seq']}, "
-                  f"batch {s['batch']} ({s['tokens_per_step']:,} tokens/step)")
-    p = s["policy"]
+    console.print(f"[bold]{s.model}[/] on [bold]{s.hardware}[/] ({s.gpus} GPU) - seq {s.seq}, "
+                  f"batch {s.batch} ({s.tokens_per_step:,} tokens/step)")
+    p = s.policy
     console.print(f"policy: params {p['param_route']}, grads {p['grad_route']}, {p['chunks_per_layer']} chunks/layer, "
                   f"prefetch {p['prefetch_depth']}, activations {p['activation']}, micro-batch {p['micro_batch']} x "
                   f"{p['accumulation']}, update {p['update_schedule']}"
@@ -68,13 +67,13 @@ def _print_tables(s: dict, result, est) -> None:
     step.add_column("metric")
     step.add_column("simulated (DES)", justify="right")
     step.add_column("analytical", justify="right")
-    sim, ana = s["simulated"], s["analytical"]
-    step.add_row("step time (s)", f"{sim['step_time_s']:.3f}", f"{ana['step_time_s']:.3f}")
-    step.add_row("tokens/s", f"{sim['tokens_per_s']:,.0f}", f"{ana['tokens_per_s']:,.0f}")
-    step.add_row("model TFLOP/s per GPU", f"{s['model_tflops_per_gpu']:.0f}", "")
-    step.add_row("busiest resource", sim["bottleneck"], ana["bottleneck"])
-    step.add_row("limited by", sim["limiter"], ana["limiter"])
-    step.add_row("lower bound (s)", "", f"{ana['lower_bound_s']:.3f}")
+    sim, ana = s.simulated, s.analytical
+    step.add_row("step time (s)", f"{sim.step_time_s:.3f}", f"{ana.step_time_s:.3f}")
+    step.add_row("tokens/s", f"{sim.tokens_per_s:,.0f}", f"{ana.tokens_per_s:,.0f}")
+    step.add_row("model TFLOP/s per GPU", f"{s.model_tflops_per_gpu:.0f}", "")
+    step.add_row("busiest resource", sim.bottleneck, ana.bottleneck)
+    step.add_row("limited by", sim.limiter, ana.limiter)
+    step.add_row("lower bound (s)", "", f"{ana.lower_bound_s:.3f}")
     console.print(step)
 
     exp = Table(title="Where the GPU time goes (rank mean, seconds)")
@@ -82,11 +81,11 @@ def _print_tables(s: dict, result, est) -> None:
     exp.add_column("simulated", justify="right")
     exp.add_column("% of step", justify="right")
     exp.add_column("analytical", justify="right")
-    exp.add_row("compute", f"{sim['compute_s']:.3f}", f"{100 * sim['compute_s'] / sim['step_time_s']:.1f}",
+    exp.add_row("compute", f"{sim.compute_s:.3f}", f"{100 * sim.compute_s / sim.step_time_s:.1f}",
                 f"{est.compute_s:.3f}")
     for c in EXPOSURE_CATEGORIES:
-        exp.add_row(f"exposed {c}", f"{sim['exposure_s'][c]:.3f}",
-                    f"{100 * sim['exposure_s'][c] / sim['step_time_s']:.1f}", f"{ana['exposure_s'][c]:.3f}")
+        exp.add_row(f"exposed {c}", f"{sim.exposure_s[c]:.3f}",
+                    f"{100 * sim.exposure_s[c] / sim.step_time_s:.1f}", f"{ana.exposure_s[c]:.3f}")
     console.print(exp)
 
     util = Table(title="Busiest resources (simulated)")
@@ -97,6 +96,6 @@ def _print_tables(s: dict, result, est) -> None:
         util.add_row(name, f"{result.busy_s[name]:.3f}", f"{100 * frac:.1f}%")
     console.print(util)
 
-    mem = s["memory"]
-    console.print(f"memory: GPU peak {mem['gpu_peak_gib']:.1f} / {mem['gpu_budget_gib']:.1f} GiB per GPU; "
-                  f"host {mem['host_total_gib']:.1f} GiB ({mem['host_state_bytes_per_param']:.0f} B/param state)")
+    mem = s.memory
+    console.print(f"memory: GPU peak {mem.gpu_peak_gib:.1f} / {mem.gpu_budget_gib:.1f} GiB per GPU; "
+                  f"host {mem.host_total_gib:.1f} GiB ({mem.host_state_bytes_per_param:.0f} B/param state)")

@@ -94,7 +94,7 @@ def run_train(args: argparse.Namespace) -> int:
         summary = trainer.run()
     if spec.world > 1 and int(os.environ.get("RANK", "0")) != 0:
         return 0
-    console.print(f"done: {summary['steps']} steps, median {summary['step_time_s']:.3f} s/step, "
-                  f"{summary['tokens_per_s']:,.0f} tokens/s, final loss {summary['final_loss']:.4f}; "
+    console.print(f"done: {summary.steps} steps, median {summary.step_time_s:.3f} s/step, "
+                  f"{summary.tokens_per_s:,.0f} tokens/s, final loss {summary.final_loss:.4f}; "
                   f"run directory {spec.out}")
     return 0

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pandas as pd
 
 from slidedp.errors import SlideDPError
 from slidedp.exposure import exposure_from_trace
+from slidedp.run_summary import RunSummary
 from slidedp.trace import load_trace, save_trace
 
 
@@ -24,10 +24,10 @@ class RunDir:
     path: Path
     trace: pd.DataFrame
     exposure: pd.DataFrame
-    summary: dict
+    summary: RunSummary  # empty (RunSummary().empty) for a bare trace file
 
 
-def write_run_dir(path: str | Path, trace: pd.DataFrame, exposure: pd.DataFrame, summary: dict,
+def write_run_dir(path: str | Path, trace: pd.DataFrame, exposure: pd.DataFrame, summary: RunSummary,
                   policy=None, hardware=None) -> Path:
     path = Path(path)
     try:
@@ -36,7 +36,7 @@ def write_run_dir(path: str | Path, trace: pd.DataFrame, exposure: pd.DataFrame,
         raise SlideDPError(f"cannot create run directory {str(path)!r}: {exc.strerror}") from None
     save_trace(trace, path / "trace.parquet")
     exposure.to_csv(path / "exposure.csv", index=False)
-    (path / "summary.json").write_text(json.dumps(summary, indent=2))
+    summary.save(path / "summary.json")
     if policy is not None:
         policy.save(path / "policy.yaml")
     if hardware is not None:
@@ -49,20 +49,15 @@ def load_run(path: str | Path) -> RunDir:
     path = Path(path)
     if path.is_file():
         trace = load_trace(path)
-        return RunDir(path, trace, exposure_from_trace(trace), {})
+        return RunDir(path, trace, exposure_from_trace(trace), RunSummary())
     if not path.is_dir():
         raise SlideDPError(f"no run directory or trace file at {str(path)!r}")
     traces = [p for p in (path / "trace.parquet", path / "trace.csv", path / "trace.json") if p.exists()]
     if not traces:
         raise SlideDPError(f"run directory {str(path)!r} holds no trace.parquet, trace.csv or trace.json")
     trace = load_trace(traces[0])
-    summary = {}
-    if (path / "summary.json").exists():
-        try:
-            summary = json.loads((path / "summary.json").read_text())
-        except json.JSONDecodeError as exc:
-            raise SlideDPError(f"malformed {path / 'summary.json'}: {exc}") from None
-    step = summary.get("step_time_s")
+    summary = RunSummary.load(path / "summary.json") if (path / "summary.json").exists() else RunSummary()
+    step = summary.step_time_s
     if (path / "exposure.csv").exists():
         exposure = pd.read_csv(path / "exposure.csv")
     else:

@@ -10,6 +10,7 @@ import pandas as pd
 
 from slidedp.report import plots
 from slidedp.report.rundir import RunDir
+from slidedp.run_summary import RunSummary
 from slidedp.trace import EXPOSURE_CATEGORIES
 
 
@@ -22,16 +23,21 @@ class Report:
     html: Path | None = None
 
 
+def _or(summary: RunSummary, key: str, default):
+    """The summary's value for ``key``, or ``default`` where the file did not record it."""
+    return getattr(summary, key) if key in summary.given else default
+
+
 def _describe(run: RunDir) -> list[str]:
     s = run.summary
     lines = []
-    if s:
-        lines.append(f"**{s.get('model', '?')}** on **{s.get('hardware', '?')}** ({s.get('gpus', '?')} GPU), "
-                     f"seq {s.get('seq', '?')}, batch {s.get('batch', '?')} "
-                     f"({s.get('tokens_per_step', 0):,} tokens/step), source: {s.get('source', 'unknown')}")
-        if "step_time_s" in s:
-            lines.append(f"Step time **{s['step_time_s']:.3f} s**, **{s.get('tokens_per_s', 0):,.0f} tokens/s**, "
-                         f"limited by **{s.get('limiter', '?')}**, busiest resource {s.get('bottleneck', '?')}.")
+    if not s.empty:
+        lines.append(f"**{_or(s, 'model', '?')}** on **{_or(s, 'hardware', '?')}** ({_or(s, 'gpus', '?')} GPU), "
+                     f"seq {_or(s, 'seq', '?')}, batch {_or(s, 'batch', '?')} "
+                     f"({_or(s, 'tokens_per_step', 0):,} tokens/step), source: {_or(s, 'source', 'unknown')}")
+        if "step_time_s" in s.given:
+            lines.append(f"Step time **{s.step_time_s:.3f} s**, **{_or(s, 'tokens_per_s', 0):,.0f} tokens/s**, "
+                         f"limited by **{_or(s, 'limiter', '?')}**, busiest resource {_or(s, 'bottleneck', '?')}.")
     else:
         lines.append(f"Trace file {run.path.name} ({len(run.trace)} operations).")
     exp = run.exposure.drop(columns="rank").mean()
@@ -46,7 +52,7 @@ def build_report(run: RunDir, out: Path, sweep: pd.DataFrame | None = None,
                  validation: pd.DataFrame | None = None) -> Report:
     out.mkdir(parents=True, exist_ok=True)
     rep = Report(out)
-    name = run.summary.get("model", run.path.stem)
+    name = _or(run.summary, "model", run.path.stem)
     rep.data["timeline"] = plots.gantt(run.trace, out / "timeline", f"One step of {name}: operations per resource")
     rep.figures["timeline"] = out / "timeline.png"
     rep.data["exposure"] = plots.exposure_bars(run.exposure, out / "exposure",

@@ -1,0 +1,115 @@
+"""Host micro-benchmarks: DRAM traffic of a streaming copy, the CPU AdamW update (the runtime's kernel where it
+compiles, torch's fused AdamW otherwise) and the fp32 -> bf16 cast, each against thread count; the update
+against chunk size with bf16 and with fp32 gradients (per-call overhead + rate fits).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from slidedp.calibration.fits import fit_link
+from slidedp.calibration.measurements import Measurements, Progress, median_time
+from slidedp.errors import SlideDPError
+
+
+def thread_counts(cores: int) -> list[int]:
+    counts = {1, cores}
+    t = 2
+    while t < cores:
+        counts.add(t)
+        t *= 2
+    return sorted(counts)
+
+
+def _adam_update(kernel, p: torch.Tensor, mom: torch.Tensor, var: torch.Tensor, slot: torch.Tensor):
+    """One AdamW step over ``p`` the way the runtime does it: the one-pass kernel, else torch's fused."""
+    steps = torch.zeros(())
+    grad = slot.float() if kernel is None else None
+
+    def update() -> None:
+        steps.add_(1)
+        if kernel is not None:
+            kernel.adamw_bf16(p, mom, var, slot, 1e-5, 0.9, 0.95, 1e-8, 0.0, float(steps), 1.0)
+        else:
+            torch._fused_adamw_([p], [grad], [mom], [var], [], [steps], lr=1e-5, beta1=0.9, beta2=0.95,
+                                weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+    return update
+
+
+def host_benchmarks(quick: bool, progress: Progress | None = None) -> Measurements:
+    from slidedp.runtime.cpu_adam import fused_kernel
+
+    m = Measurements()
+    n = 4_000_000 if quick else 64_000_000
+    repeats = 2 if quick else 5
+    src, dst = torch.randn(n), torch.empty(n)
+    p, mom, var = torch.randn(n), torch.zeros(n), torch.zeros(n)
+    slot, bf16 = torch.randn(n).bfloat16(), torch.empty(n, dtype=torch.bfloat16)
+    kernel = fused_kernel()
+    update = _adam_update(kernel, p, mom, var, slot)
+    saved = torch.get_num_threads()
+    counts = thread_counts(os.cpu_count() or 1)
+    try:
+        for i, threads in enumerate(counts):
+            torch.set_num_threads(threads)
+            m.stream_gbps[threads] = 2 * n * 4 / median_time(lambda: dst.copy_(src), repeats) / 1e9
+            m.cast_gelems_per_s[threads] = n / median_time(lambda: bf16.copy_(p), repeats) / 1e9
+            m.adam_gparams_per_s[threads] = n / median_time(update, repeats) / 1e9
+            if progress:
+                progress(i + 1, len(counts))
+    finally:
+        torch.set_num_threads(saved)
+    m.adam_fused_cast = kernel is not None
+    m.report["adam_kernel"] = "one-pass bf16 kernel" if kernel is not None else "torch fused AdamW (fp32 grads)"
+    m.report["adam_vs_chunk"] = adam_chunk_benchmarks(quick)
+    return m
+
+
+def adam_chunk_benchmarks(quick: bool) -> dict:
+    """Update time per call against chunk size, for bf16 gradients (the runtime's kernel, or torch's path
+    when it does not compile) and fp32 gradients (torch's fused AdamW + a cast): t = overhead + n / rate.
+    The overhead says how small the runtime's chunks may get before thread start-up dominates."""
+    from slidedp.runtime.cpu_adam import fused_kernel
+
+    sizes = [2**14, 2**16, 2**18, 2**20] if quick else [2**16, 2**18, 2**20, 2**22, 2**24]
+    n = max(sizes)
+    kernel = fused_kernel()
+    p, mom, var = torch.randn(n), torch.zeros(n), torch.zeros(n)
+    grads = {"bf16": torch.randn(n).bfloat16(), "fp32": torch.randn(n)}
+    out: dict = {}
+    for dtype, grad in grads.items():
+        times = {}
+        for size in sizes:
+            if dtype == "bf16" and kernel is not None:
+                update = _adam_update(kernel, p[:size], mom[:size], var[:size], grad[:size])
+            else:
+                update = _torch_adam_cast(p[:size], mom[:size], var[:size], grad[:size])
+            # Small chunks take micro- to milliseconds: a busy machine's noise needs several samples.
+            times[size] = median_time(update, 7 if quick else 9)
+        seconds = {str(k): v for k, v in times.items()}
+        try:
+            fit = fit_link(list(times), list(times.values()))
+        except SlideDPError as exc:  # noise swamped the sizes: report the timings, fit nothing
+            out[f"{dtype}_grads"] = {"seconds": seconds, "fit": f"not credible ({exc})"}
+            continue
+        out[f"{dtype}_grads"] = {"overhead_us": fit.latency_s * 1e6, "gparams_per_s": fit.bandwidth_Bps / 1e9,
+                                 "residual": fit.residual, "seconds": seconds}
+    return out
+
+
+def _torch_adam_cast(p: torch.Tensor, mom: torch.Tensor, var: torch.Tensor, grad: torch.Tensor):
+    """The runtime's fallback path: ``adamw_chunk_`` (upcast, torch's fused AdamW), then the bf16 cast."""
+    from slidedp.runtime.optim import OptimConfig, adamw_chunk_
+
+    cfg = OptimConfig(lr=1e-5)
+    scratch = torch.empty_like(p)
+    out = torch.empty(p.shape, dtype=torch.bfloat16)
+    step = [0]
+
+    def update() -> None:
+        step[0] += 1
+        adamw_chunk_(p, grad, mom, var, step[0], cfg.lr, cfg, 1.0, scratch)
+        out.copy_(p)
+    return update

@@ -1,0 +1,159 @@
+"""Turn ``Measurements`` into a ``HardwareProfile``: every field the micro-benchmarks cover is refitted, the rest
+kept from the base profile. No benchmarking here, so the fit can be tested on synthetic measurements.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from slidedp.calibration.fits import fit_backward_ratios, fit_compute, fit_link, thread_curve
+from slidedp.calibration.measurements import Measurements
+from slidedp.calibration.shape_fit import ShapeSamples, fit_curves
+from slidedp.chips import CHIPS
+from slidedp.errors import SlideDPError
+from slidedp.hardware import HardwareProfile, SwitchSpec
+from slidedp.model_spec import load_model_spec
+from slidedp.resources import ADAM_HOST_BYTES_BASE, FUSED_ADAM_HOST_BYTES
+
+
+def dram_capacity_gbps(m: Measurements) -> float:
+    """Host DRAM capacity as the most traffic any single measurement pushed through it: the copy pass,
+    the AdamW pass (rate x bytes it reads and writes per parameter) or H2D + D2H DMA at once.
+
+    No one benchmark saturates DRAM: a copy at 16 threads is limited by the cores' load/store rate (and
+    counts no write-allocate reads), so taking it alone under-states DRAM by ~2x on the H200 host and makes
+    the simulator charge DMA/optimizer contention that does not happen (validation MAPE 20.9% vs 9.9%)."""
+    bytes_per_param = FUSED_ADAM_HOST_BYTES if m.adam_fused_cast else ADAM_HOST_BYTES_BASE + 4
+    candidates = [max(m.stream_gbps.values(), default=0.0),
+                  max(m.adam_gparams_per_s.values(), default=0.0) * bytes_per_param,
+                  m.duplex_gbps or 0.0]
+    return max(candidates)
+
+
+# What a fitted value may be before it is believed: a GPU's backward costs 1.5x-4x its forward (weight and
+# input gradients, attention recomputation), and a fit that runs into the optimizer's bound found nothing.
+BACKWARD_RATIO_RANGE = (1.5, 4.0)
+RATE_BOUND_TFLOPS = 1e4
+
+
+def profile_from(base: HardwareProfile, m: Measurements) -> tuple[HardwareProfile, dict]:
+    """``base`` with every field these measurements cover replaced; the report holds the fit residuals and,
+    under ``warnings``, one line per fit that was not credible (its fields then keep the base's values)."""
+    warnings: list[str] = list(m.report.get("warnings", []))
+    host = replace(base.host, cores=os.cpu_count() or base.host.cores,
+                   stream_gbps=thread_curve(m.stream_gbps, m.stream_gbps.values()),
+                   adam_gparams_per_s=thread_curve(m.adam_gparams_per_s, m.adam_gparams_per_s.values()),
+                   cast_gelems_per_s=thread_curve(m.cast_gelems_per_s, m.cast_gelems_per_s.values()),
+                   mem_bw_gbps=dram_capacity_gbps(m), fused_cast=m.adam_fused_cast)
+    gpu = base.gpu
+    report = dict(m.report)
+    report["mem_bw_gbps"] = host.mem_bw_gbps
+    for table, field_name in ((m.h2d, "h2d_gbps"), (m.d2h, "d2h_gbps")):
+        if len(table) >= 2:
+            try:
+                fit = fit_link(list(table), list(table.values()))
+            except SlideDPError as exc:
+                warnings.append(f"{field_name}: {exc}; kept {getattr(gpu, field_name)} from {base.name}")
+                continue
+            gpu = replace(gpu, **{field_name: fit.bandwidth_Bps / 1e9, "pcie_latency_us": fit.latency_s * 1e6})
+            report[field_name] = {"value": fit.bandwidth_Bps / 1e9, "latency_us": fit.latency_s * 1e6,
+                                  "residual": fit.residual}
+    if m.duplex_gbps:
+        gpu = replace(gpu, duplex_gbps=m.duplex_gbps)
+    if m.gpu_adam_gparams_per_s:
+        gpu = replace(gpu, adam_gparams_per_s=m.gpu_adam_gparams_per_s)
+        report["gpu_adam_gparams_per_s"] = m.gpu_adam_gparams_per_s
+    if m.layer:
+        gpu, report["compute"] = compute_profile(gpu, m.layer, warnings)
+    if m.shapes is not None and m.shapes.gemm:
+        gpu, report["compute_curves"] = compute_curves_profile(gpu, m.shapes, warnings)
+    link, switches = base.link, base.switches
+    collective_fits = {}
+    for op, t in m.collectives.items():
+        if len(t) >= 2:
+            try:
+                collective_fits[op] = fit_link(list(t), list(t.values()))
+            except SlideDPError as exc:
+                warnings.append(f"{op} link: {exc}; kept the link from {base.name}")
+    if collective_fits:
+        slowest = min(collective_fits.values(), key=lambda f: f.bandwidth_Bps)
+        link = replace(link, bw_gbps=slowest.bandwidth_Bps / 1e9, latency_us=slowest.latency_s * 1e6)
+        report["collectives"] = {op: {"bus_gbps": f.bandwidth_Bps / 1e9, "latency_us": f.latency_s * 1e6,
+                                      "residual": f.residual} for op, f in collective_fits.items()}
+    gpus = max((g for g, _ in m.concurrent_h2d_gbps), default=1)
+    if gpus > 1 and base.num_gpus == gpus:
+        together = max(v for (g, _), v in m.concurrent_h2d_gbps.items() if g == gpus)
+        alone = max(v for (g, _), v in m.concurrent_h2d_gbps.items() if g == 1)
+        if together < 0.9 * gpus * alone:  # the GPUs share an upstream path: model it as one shared uplink
+            switches = (SwitchSpec(tuple(range(gpus)), together),)
+            report["shared_uplink_gbps"] = together
+    try:
+        with open("/proc/meminfo") as fh:
+            total = next(int(line.split()[1]) for line in fh if line.startswith("MemTotal:"))
+        host = replace(host, memory_gib=total / 2**20)
+    except (OSError, StopIteration, ValueError):
+        pass
+    report["warnings"] = warnings
+    name = f"{base.name}-calibrated"
+    return replace(base, name=name, gpu=gpu, host=host, link=link, switches=switches,
+                   notes=f"calibrated on this machine by slidedp calibrate from {base.name}"), report
+
+
+def compute_profile(gpu, samples: list[tuple[str, int, int, float, float]], warnings: list[str] | None = None):
+    """Fit the GPUSpec compute model to the layer timings (see layer_benchmarks): the forward model first,
+    then the backward/forward ratios of linears and attention against the fitted forward components.
+
+    A forward fit that fails or runs into a rate bound keeps ``gpu``'s compute fields; backward ratios
+    outside BACKWARD_RATIO_RANGE keep ``gpu``'s ratios; each case adds one line to ``warnings``."""
+    warnings = [] if warnings is None else warnings
+    specs = {name: load_model_spec(name) for name in {s[0] for s in samples}}
+    lin = [specs[name].layer_linear_flops_per_token() * tokens for name, _, tokens, _, _ in samples]
+    att = [specs[name].layer_attention_flops_per_token(seq) * tokens for name, seq, tokens, _, _ in samples]
+    tokens = [t for _, _, t, _, _ in samples]
+    try:
+        fit = fit_compute(lin, att, tokens, [s[3] for s in samples])
+    except SlideDPError as exc:
+        warnings.append(f"layer compute: {exc}; kept the compute model of the base profile")
+        return gpu, {"models": sorted(specs), "credible": False}
+    bounded = [n for n, v in (("matmul_tflops", fit.matmul_tflops), ("attention_tflops", fit.attention_tflops))
+               if v >= 0.99 * RATE_BOUND_TFLOPS]
+    if bounded:
+        warnings.append(f"layer compute: {', '.join(bounded)} ran into the fit's bound ({RATE_BOUND_TFLOPS:g} "
+                        f"TFLOP/s): the timings do not constrain it; kept the compute model of the base profile")
+        return gpu, {"models": sorted(specs), "credible": False, "residual": fit.residual}
+    gpu = replace(gpu, matmul_tflops=fit.matmul_tflops, attention_tflops=fit.attention_tflops,
+                  half_efficiency_tokens=fit.half_efficiency_tokens, layer_overhead_us=fit.overhead_s * 1e6)
+    lin_s = [gpu.linear_time(f, t) for f, t in zip(lin, tokens, strict=True)]
+    att_s = [gpu.attention_time(f) for f in att]
+    back = fit_backward_ratios(lin_s, att_s, [s[4] for s in samples], fit.overhead_s)
+    lo, hi = BACKWARD_RATIO_RANGE
+    if all(lo <= r <= hi for r in (back.linear_ratio, back.attention_ratio)):
+        gpu = replace(gpu, backward_linear_ratio=back.linear_ratio, backward_attention_ratio=back.attention_ratio)
+    else:
+        warnings.append(f"layer compute: backward/forward ratios {back.linear_ratio:.3g} (linears) and "
+                        f"{back.attention_ratio:.3g} (attention) lie outside {lo}-{hi}; kept "
+                        f"{gpu.backward_linear_ratio:.3g} and {gpu.backward_attention_ratio:.3g}")
+    return gpu, {"matmul_tflops": fit.matmul_tflops, "attention_tflops": fit.attention_tflops,
+                 "half_efficiency_tokens": fit.half_efficiency_tokens, "residual": fit.residual,
+                 "backward_linear_ratio": back.linear_ratio, "backward_attention_ratio": back.attention_ratio,
+                 "backward_residual": back.residual, "models": sorted(specs)}
+
+
+def compute_curves_profile(gpu, samples: ShapeSamples, warnings: list[str]):
+    """Fit the shape-aware compute curves (gpu.compute); the chip's datasheet limits bound what is credible
+    (a GPU slidedp.chips does not know is bounded by twice the fastest sample)."""
+    chip = CHIPS.get(gpu.name)
+    if chip is not None:
+        peak_tflops, peak_gbps = chip.bf16_dense_tflops, chip.memory_gbps
+    else:
+        peak_tflops = 2 * max(op.flops / t for op, t in samples.gemm) / 1e12
+        peak_gbps = 2 * max((op.nbytes / t for op, t in samples.elementwise), default=1e12) / 1e9
+    try:
+        fit = fit_curves(samples, peak_tflops, peak_gbps)
+    except SlideDPError as exc:
+        warnings.append(f"compute curves: {exc}; kept those of the base profile")
+        return gpu, {"credible": False}
+    warnings.extend(f"compute curves: {w}" for w in fit.warnings)
+    return replace(gpu, compute=fit.curves), {"residuals": fit.residuals, "peak_tflops": peak_tflops,
+                                              "peak_memory_gbps": peak_gbps}

@@ -1,0 +1,30 @@
+"""What ``slidedp calibrate --from-run`` and ``slidedp validate`` share: reading run directories as records and
+showing a predicted-vs-measured table, so both commands print the same columns."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from slidedp.calibration.from_run import RunRecord
+
+
+def load_records(paths: list[str]) -> list[RunRecord]:
+    """Each run directory as a ``RunRecord`` (imported here, not at module level: it pulls in the simulator)."""
+    from slidedp.calibration.from_run import load_record
+
+    return [load_record(p) for p in paths]
+
+
+def validation_table(title: str, table: pd.DataFrame) -> Table:
+    """The rich view of a ``from_run.validate`` table: one row per run."""
+    view = Table(title=title)
+    for col in ("run", "measured s", "predicted s", "error %", "limiter (measured / predicted)"):
+        view.add_column(col)
+    for r in table.itertuples():
+        view.add_row(r.label, f"{r.measured_s:.3f}", f"{r.predicted_s:.3f}", f"{r.error_percent:+.1f}",
+                     f"{r.measured_limiter} / {r.predicted_limiter}")
+    return view

@@ -1,0 +1,109 @@
+"""RunSummary is the one layout of summary.json: every stored run directory must still load through it, and a
+round trip must write back exactly the keys and values it read."""
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from slidedp.calibration.from_run import load_record
+from slidedp.cli import main
+from slidedp.errors import SlideDPError
+from slidedp.report.rundir import load_run
+from slidedp.run_summary import MemorySummary, RunSummary, SimulatedStep
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+LOOSE = sorted(RESULTS.rglob("summary.json"))
+ARCHIVES = sorted(RESULTS.rglob("*.tar.gz"))
+
+
+def _run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.rglob("summary.json"))
+
+
+def test_the_stored_results_hold_summaries():
+    assert LOOSE and ARCHIVES  # a moved results folder must not turn the tests below into no-ops
+
+
+@pytest.mark.parametrize("path", LOOSE, ids=lambda p: str(p.relative_to(RESULTS)))
+def test_every_loose_summary_loads_and_round_trips(path):
+    data = json.loads(path.read_text())
+    summary = RunSummary.load(path)
+    assert summary.to_dict() == data
+    if (path.parent / "trace.parquet").exists():  # one of the first session's runs kept no trace
+        assert load_run(path.parent).summary == summary
+        assert load_record(path.parent).measured_s == data["step_time_s"]
+
+
+@pytest.mark.parametrize("archive", ARCHIVES, ids=lambda p: str(p.relative_to(RESULTS)))
+def test_every_archived_run_loads_as_a_run_and_a_record(archive, tmp_path):
+    with tarfile.open(archive) as fh:
+        fh.extractall(tmp_path, filter="data")
+    runs = _run_dirs(tmp_path)
+    assert runs
+    for run in runs:
+        data = json.loads((run / "summary.json").read_text())
+        summary = RunSummary.load(run / "summary.json")
+        assert summary.to_dict() == data
+        if not any((run / name).exists() for name in ("trace.parquet", "trace.csv", "trace.json")):
+            continue  # long_seq archives keep the summary only (traces dropped to keep them small)
+        assert load_run(run).summary == summary
+        record = load_record(run)
+        assert record.measured_s == data["step_time_s"] and record.seq == data["seq"]
+        assert record.adam_threads == data.get("adam_threads")
+
+
+def test_missing_keys_read_as_none_and_are_not_written():
+    s = RunSummary.from_dict({"model": "qwen3-4b", "step_time_s": 1.5})
+    assert s.seq is None and s.simulated is None and s.missing("seq", "model") == ["seq"]
+    assert s.to_dict() == {"model": "qwen3-4b", "step_time_s": 1.5}
+    assert RunSummary().empty and not s.empty
+
+
+def test_null_is_kept_apart_from_missing():
+    s = RunSummary(model="m", gpu_peak_gib=None)  # a CPU run: no GPU peak, but the key is written
+    assert json.loads(s.to_json()) == {"model": "m", "gpu_peak_gib": None}
+    assert RunSummary.from_json(s.to_json()).given == {"model", "gpu_peak_gib"}
+
+
+def test_unknown_keys_survive_a_round_trip():
+    data = {"model": "m", "metadata_note": "hand-added", "future_key": [1, 2]}
+    s = RunSummary.from_dict(data)
+    assert s.extra == {"metadata_note": "hand-added", "future_key": [1, 2]} and s.to_dict() == data
+
+
+def test_nested_sections_are_typed_and_tolerate_older_files():
+    s = RunSummary.from_dict({"simulated": {"step_time_s": 2.0, "tokens_per_s": 10.0, "bottleneck": "gpu",
+                                            "limiter": "compute"},
+                              "memory": {"gpu_peak_gib": 1.0, "gpu_budget_gib": 2.0, "host_total_gib": 3.0,
+                                         "host_state_bytes_per_param": 16.0}})
+    assert isinstance(s.simulated, SimulatedStep) and s.simulated.compute_s is None
+    assert s.memory == MemorySummary(1.0, 2.0, 3.0, 16.0)
+
+
+def test_malformed_summary_is_one_error(tmp_path):
+    (tmp_path / "summary.json").write_text("{not json")
+    with pytest.raises(SlideDPError, match="malformed"):
+        RunSummary.load(tmp_path / "summary.json")
+
+
+def test_simulate_writes_a_summary_that_reads_back(tmp_path, capsys):
+    assert main(["simulate", "--model", "qwen3-0.6b", "--hardware", "h200-x1", "--seq", "1024", "--batch", "2",
+                 "--json", "--out", str(tmp_path / "run")]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert printed == on_disk
+    summary = load_run(tmp_path / "run").summary
+    assert summary.source == "simulated" and summary.simulated.step_time_s == on_disk["simulated"]["step_time_s"]
+    assert summary.to_dict() == on_disk
+    # The keys slidedp simulate wrote before RunSummary existed.
+    assert set(on_disk) == {"model", "model_spec", "hardware", "gpus", "seq", "batch", "tokens_per_step", "policy",
+                            "source", "step_time_s", "tokens_per_s", "limiter", "bottleneck", "simulated",
+                            "analytical", "model_tflops_per_gpu", "memory"}
+    assert set(on_disk["simulated"]) == {"step_time_s", "tokens_per_s", "bottleneck", "limiter", "compute_s",
+                                         "exposure_s"}
+    assert set(on_disk["analytical"]) == {"step_time_s", "lower_bound_s", "tokens_per_s", "bottleneck", "limiter",
+                                          "exposure_s"}
+    assert set(on_disk["memory"]) == {"gpu_peak_gib", "gpu_budget_gib", "host_total_gib",
+                                      "host_state_bytes_per_param"}
