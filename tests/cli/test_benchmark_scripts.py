@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.runtime_helpers import TINY
+from tests.builders import TINY
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import peer_compare  # noqa: E402
