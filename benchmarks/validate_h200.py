@@ -1,6 +1,6 @@
 """Validate the simulator against the measured H200 runs.
 
-    python benchmarks/validate_h200.py [--out validation.csv]
+    python -m benchmarks.validate_h200 [--out validation.csv]
 
 Main set: the 20 runs of the second session (benchmarks/results/h200-2026-12-02b: 10 hand-picked policies
 over seq 1K-32K, chunking, activation policy, accumulation and prefetch, plus the 10 tuned Qwen3-4B/8B runs
