@@ -1,7 +1,11 @@
-"""Streaming runtime on a real GPU: correctness check, batch sweep, and the resident-weights reference.
+"""Streaming runtime on a real GPU: batch sweep, and the resident-weights reference.
 
-    python benchmarks/gpu_runtime.py --check                      # GPU engine == CPU reference (tiny model)
-    python benchmarks/gpu_runtime.py --models qwen3-4b --batches 1 2 4 8 16 --out results/
+    python -m benchmarks.gpu_runtime --models qwen3-4b --batches 1 2 4 8 16 --out results/
+    python -m benchmarks.gpu_runtime --cpu-bench                  # host AdamW throughput only
+
+The GPU correctness check this script used to run with --check (the streaming engine on CUDA against the
+plain-PyTorch CPU reference on a tiny model) is a test now: `python -m pytest -m gpu`
+(tests/runtime/test_gpu_engine.py; skipped where CUDA is not available).
 
 For each model the host state is allocated (pinned) once; for each batch the policy comes from the
 tuner (h200-x1 profile), the runtime runs --steps steps (the first is warm-up), and the same compute
@@ -16,64 +20,21 @@ import argparse
 import gc
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import torch
-from streaming_measure import BENCH_OPTIM, StreamingModel, measure_policy, synthetic_tokens
 
+from benchmarks.common import log, synthetic_tokens
+from benchmarks.streaming_measure import BENCH_OPTIM, StreamingModel, measure_policy
 from slidedp.hardware import GIB, load_hardware
-from slidedp.model_spec import ModelSpec
-from slidedp.policy import Policy
 from slidedp.problem import resolve_budget
 from slidedp.runtime.device import Device
 from slidedp.runtime.engine import EngineConfig, StreamingEngine
-from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
-from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.tune import tune
-
-
-def log(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def check(out: Path) -> None:
-    """Tiny Qwen3 in fp32 on the GPU (streams, events, worker thread) against plain PyTorch on the CPU."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.runtime_helpers import TINY, batches, reference_training
-
-    cfg_path = out / "tiny.json"
-    for name, policy in [("qwen3", Policy(micro_batch=2, accumulation=2, chunks_per_layer=3)),
-                         ("qwen3", Policy(activation="offload", micro_batch=1, accumulation=4, chunks_per_layer=2)),
-                         ("qwen3-tied", Policy(activation="keep", micro_batch=2, accumulation=2, chunks_per_layer=4))]:
-        cfg_path.write_text(json.dumps(TINY[name]))
-        adapter = ModelAdapter(load_hf_config(str(cfg_path)))
-        host = HostState.allocate(adapter.total_params, torch.float32, torch.float32, pin=True)
-        host.init_random(adapter, 0)
-        spec = ModelSpec.from_hf_config(TINY[name], "tiny")
-        device = Device("cuda")
-        optim = OptimConfig(lr=3e-3, weight_decay=0.1, max_grad_norm=0.05, warmup_steps=2, total_steps=6)
-        engine = StreamingEngine(EngineConfig(policy, optim, 16, torch.float32, adam_threads=4), adapter, spec, host,
-                                 device, TraceRecorder(device))
-        data = batches(TINY[name]["vocab_size"], 16, 4, 4, seed=1)
-        initial = host.master.clone()
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        losses = [engine.step(t).loss for t in data]
-        engine.flush()
-        engine.close()
-        ref_losses, ref_final = reference_training(adapter, initial, data, policy.micro_batch, optim)
-        loss_err = max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True))
-        w_err = float((host.master - ref_final).abs().max())
-        log(f"check {name} {policy.activation}: max loss diff {loss_err:.2e}, max weight diff {w_err:.2e}")
-        host.close()
-        # Different kernels (cuBLAS, SDPA) round differently; Adam turns a tiny gradient difference on a
-        # near-zero gradient into up to one lr-sized step, hence the weight bound of a few % of lr.
-        assert loss_err < 1e-5 and w_err < 1e-4, "GPU engine disagrees with the CPU reference"
 
 
 def cpu_update_bench(results, params: int = 400_000_000) -> None:
@@ -147,7 +108,6 @@ def run_model(model: str, seq: int, batches: list[int], steps: int, out: Path, r
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--check", action="store_true")
     p.add_argument("--cpu-bench", action="store_true")
     p.add_argument("--models", nargs="*", default=[])
     p.add_argument("--seq", type=int, default=4096)
@@ -158,8 +118,6 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {torch.get_num_threads()} threads")
-    if args.check:
-        check(out)
     traces: list = []
     with open(out / "results.jsonl", "a") as results:
         if args.cpu_bench:

@@ -1,6 +1,6 @@
 """Sequence-length sweep of `slidedp train` on one GPU for a Qwen3-14B-shaped model.
 
-    python benchmarks/long_seq_runs.py --layers 8 --seqs 32768 65536 131072 262144 --out DIR
+    python -m benchmarks.long_seq_runs --layers 8 --seqs 32768 65536 131072 262144 --out DIR
 
 The model is Qwen3-14B's width (hidden 5120, MLP 17408, 40 heads, 8 KV heads, vocab 151936) at reduced
 depth: a full 14.8 B-parameter model needs 206 GB of host state at 14 B/param, more than the lent host's
@@ -16,19 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tarfile
 import time
 from pathlib import Path
 
-from train_runs import train_run
-
+from benchmarks.common import append_jsonl, pack, train_run
 from slidedp.presets.models import MODEL_PRESETS
 
 POLICY = "activation: recompute\nmicro_batch: 1\naccumulation: 1\nchunks_per_layer: 8\nprefetch_depth: 2\n"
-
-
-def log(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def model_config(base: str, layers: int, max_seq: int) -> dict:
@@ -56,26 +50,23 @@ def main() -> int:
     policy = out / "recompute.yaml"
     policy.write_text(POLICY)
     start = time.perf_counter()
-    with (out / "results.jsonl").open("a") as results:
-        for seq in args.seqs:
-            run = out / f"run{seq}"
-            if time.perf_counter() - start > args.deadline:
-                results.write(json.dumps({"seq": seq, "status": "not run (deadline)"}) + "\n")
-                continue
-            t0 = time.perf_counter()
-            code, summary = train_run(str(config), seq, policy, args.steps, run, hardware=args.hardware,
-                                      device=args.device, extra=("--gpu-budget", str(args.gpu_budget)))
-            row = {"seq": seq, "layers": args.layers, "exit": code, "wall_s": time.perf_counter() - t0}
-            if summary is not None:
-                row.update(summary.to_dict(), status="ok")
-            else:
-                row["status"] = f"failed (exit {code})"
-            results.write(json.dumps(row) + "\n")
-            results.flush()
-            (run / "trace.parquet").unlink(missing_ok=True)  # keep the transfer small
-    with tarfile.open(out / "long_seq.tar.gz", "w:gz") as tar:
-        for run in sorted(out.glob("run*")):
-            tar.add(run, arcname=run.name)
+    results = out / "results.jsonl"
+    for seq in args.seqs:
+        run = out / f"run{seq}"
+        if time.perf_counter() - start > args.deadline:
+            append_jsonl(results, {"seq": seq, "status": "not run (deadline)"})
+            continue
+        t0 = time.perf_counter()
+        code, summary = train_run(str(config), seq, policy, args.steps, run, hardware=args.hardware,
+                                  device=args.device, extra=("--gpu-budget", str(args.gpu_budget)))
+        row = {"seq": seq, "layers": args.layers, "exit": code, "wall_s": time.perf_counter() - t0}
+        if summary is not None:
+            row.update(summary.to_dict(), status="ok")
+        else:
+            row["status"] = f"failed (exit {code})"
+        append_jsonl(results, row)
+        (run / "trace.parquet").unlink(missing_ok=True)  # keep the transfer small
+    pack(out / "long_seq.tar.gz", [(run, run.name) for run in sorted(out.glob("run*"))])
     return 0
 
 

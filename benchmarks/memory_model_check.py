@@ -3,7 +3,7 @@
 The measurements are torch.cuda.max_memory_allocated, so the like-for-like prediction is the allocated
 peak (without the reserve for the CUDA context and allocator slack); the full peak is shown too.
 
-    python benchmarks/memory_model_check.py
+    python -m benchmarks.memory_model_check
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The multi-GPU runs of one host, in one invocation: correctness, routes, strong scaling, host memory.
 
-    python benchmarks/multi_gpu.py --model qwen3-14b --gpus 4 --seq 4096 --batches 16 64 256 --out DIR
+    python -m benchmarks.multi_gpu --model qwen3-14b --gpus 4 --seq 4096 --batches 16 64 256 --out DIR
 
 1. correctness: `slidedp train --nproc N` against `--nproc 1` at the same global batch, same data and
    init: per-step losses (bf16 tolerance) for N = 2 and N = --gpus;
@@ -8,7 +8,7 @@
    step time, tokens/s, the limiter and exposure from the trace, and rank 0's RSS next to the shared state;
 3. strong scaling: the tuned policy at a fixed global batch on 1, 2, ..., --gpus GPUs;
 4. predicted vs measured for every run (`slidedp validate DIR/runs/*` gives the MAPE).
-The peers on N GPUs: `benchmarks/peer_compare.py --gpus N`. Rows go to DIR/results.jsonl as they finish;
+The peers on N GPUs: `python -m benchmarks.peer_compare --gpus N`. Rows go to DIR/results.jsonl as they finish;
 run directories to DIR/runs. Runs stop being started after --deadline seconds.
 """
 
@@ -16,23 +16,17 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 import time
 from pathlib import Path
 
-from train_runs import train_run
-
+from benchmarks.common import append_jsonl, log, train_run
 from slidedp.hardware import load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.policy import GRAD_ROUTES, PARAM_ROUTES, Policy
 from slidedp.problem import resolve_budget
 from slidedp.report.rundir import load_run
 from slidedp.tune import tune
-
-
-def log(msg: str) -> None:
-    print(msg, flush=True)
 
 
 class Runner:
@@ -75,8 +69,7 @@ class Runner:
         return self._keep(row)
 
     def _keep(self, row: dict) -> dict:
-        with (self.out / "results.jsonl").open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        append_jsonl(self.out / "results.jsonl", row)
         shown = {k: row.get(k) for k in ("label", "status", "step_time_s", "tokens_per_s", "limiter",
                                          "predicted_step_time_s", "host_rss_peak_gib")}
         log(f"  {shown}")

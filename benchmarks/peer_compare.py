@@ -1,6 +1,6 @@
 """SlideDP against what users would pick instead, on one GPU, one model, one batch sweep, in one invocation.
 
-    python benchmarks/peer_compare.py --model qwen3-4b --seq 4096 --batches 1 2 4 8 16 --out DIR
+    python -m benchmarks.peer_compare --model qwen3-4b --seq 4096 --batches 1 2 4 8 16 --out DIR
 
 Systems (benchmarks/peer_systems.py; each in its own process, run one after another so they never share the
 GPU or host memory):
@@ -27,115 +27,28 @@ after the first. Model TFLOP/s = `ModelSpec.train_flops_per_token(seq)` x tokens
 (3 x forward FLOPs: 2 x params x tokens for every linear incl. the LM head, plus causal attention; recompute
 not counted). A batch that runs out of GPU memory is recorded as "oom" and larger batches are skipped.
 
-Writes results.jsonl (one row per system x batch, appended as they finish), table.md, peer_compare.png/.svg,
-and slidedp_runs.tar.gz (our runs as run directories for `slidedp validate`).
+Writes results.jsonl (one row per system x batch, appended as they finish), table.md, peer_compare.png/.svg
+(built by slidedp.report.peers, which reads any session's rows), and one archive of raw outputs,
+slidedp_runs.tar.gz (our runs as run directories for `slidedp validate`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
-from peer_systems import WORKERS, log
-
-SYSTEMS = ("slidedp", "slidedp-host", "fsdp2-offload", "deepspeed-offload", "resident")
-OURS = ("slidedp", "slidedp-host")  # tuned freely; tuned with every optimizer state on the host
-PEERS = tuple(s for s in SYSTEMS if s not in OURS)
-COLORS = {"slidedp": "tab:blue", "slidedp-host": "tab:cyan", "fsdp2-offload": "tab:orange",
-          "deepspeed-offload": "tab:green", "resident": "tab:red"}
-
-
-# ---- the driver ------------------------------------------------------------------------------------------
-def load_rows(out: Path) -> list[dict]:
-    path = out / "results.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
-
-
-def speedups(rows: list[dict], model: str, ours: str = "slidedp") -> dict[str, dict]:
-    """One SlideDP variant's tokens/s over each peer's, per batch where both ran, and the geometric mean."""
-    ok = {(r["system"], r["batch"]): r for r in rows if r.get("status") == "ok" and r["model"] == model}
-    out = {}
-    for peer in PEERS:
-        ratios = {b: ok[(ours, b)]["tokens_per_s"] / ok[(peer, b)]["tokens_per_s"]
-                  for (s, b) in ok if s == peer and (ours, b) in ok}
-        out[peer] = {"per_batch": dict(sorted(ratios.items())), "geomean": geomean(list(ratios.values()))}
-    return out
-
-
-def _fmt(r: dict, key: str, spec: str) -> str:
-    v = r.get(key)
-    return format(v, spec) if isinstance(v, (int, float)) and not math.isnan(v) else "-"
-
-
-def table_markdown(rows: list[dict]) -> str:
-    lines = ["| model | batch | system | status | step s | tokens/s | model TFLOP/s | GPU peak GiB | host RSS peak GiB "
-             "| simulated s (limiter) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r["model"], r["batch"], SYSTEMS.index(r["system"]))):
-        sim = (f"{r['predicted_step_time_s']:.3f} ({r['predicted_limiter']})" if "predicted_step_time_s" in r else "")
-        lines.append(f"| {r['model']} | {r['batch']} | {r['system']} | {r.get('status', '?')} | "
-                     f"{_fmt(r, 'step_time_s', '.3f')} | {_fmt(r, 'tokens_per_s', ',.0f')} | "
-                     f"{_fmt(r, 'model_tflops', '.0f')} | {_fmt(r, 'gpu_peak_gib', '.1f')} | "
-                     f"{_fmt(r, 'host_rss_peak_gib', '.1f')} | {sim} |")
-    for model in sorted({r["model"] for r in rows}):
-        for ours in OURS:
-            for peer, s in speedups(rows, model, ours).items():
-                if s["per_batch"]:
-                    per = ", ".join(f"b{b}: {v:.2f}x" for b, v in s["per_batch"].items())
-                    lines.append(f"\n{model}: {ours} / {peer} tokens/s geometric mean {s['geomean']:.2f}x ({per})")
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows: list[dict], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = sorted({r["model"] for r in rows})
-    fig, axes = plt.subplots(1, len(models), figsize=(max(8.5, 6.5 * len(models)), 5.0), squeeze=False)
-    for ax, model in zip(axes[0], models, strict=True):
-        for system in SYSTEMS:
-            pts = sorted((r["batch"], r["tokens_per_s"]) for r in rows
-                         if r["model"] == model and r["system"] == system and r.get("status") == "ok")
-            if pts:
-                ax.plot(*zip(*pts, strict=True), marker="o", label=system, color=COLORS[system])
-            failed = [r["batch"] for r in rows if r["model"] == model and r["system"] == system
-                      and r.get("status", "ok") != "ok"]
-            if failed:
-                ax.scatter(failed, [ax.get_ylim()[0]] * len(failed), marker="x", color=COLORS[system], s=60)
-        seq = next(r["seq"] for r in rows if r["model"] == model)
-        gpus = max(r.get("gpus", 1) for r in rows if r["model"] == model)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch (sequences per step)")
-        ax.set_ylabel("throughput (tokens/s)")
-        ax.set_title(f"{model}, seq {seq}, {gpus} GPU{'s' if gpus > 1 else ''} (x: out of memory / not run)")
-        ax.grid(alpha=0.3)
-        ax.legend(title="system")
-    fig.suptitle("Full-parameter training throughput on one H200: SlideDP, offloading peers, GPU-resident")
-    fig.tight_layout()
-    paths = [out / "peer_compare.png", out / "peer_compare.svg"]
-    for p in paths:
-        fig.savefig(p, dpi=120)
-    plt.close(fig)
-    return paths
+from benchmarks.common import append_jsonl, log, pack, read_jsonl
+from benchmarks.peer_systems import WORKERS
+from slidedp.report.peers import OURS, SYSTEMS, load_rows, plot, table_markdown
 
 
 def collate(out: Path, include: list[str] | None = None) -> None:
     rows = load_rows(out)
     for path in include or []:  # other invocations' results (e.g. a second model), for one table and figure
-        rows += [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        rows += read_jsonl(Path(path))
     if not rows:
         log("no results to collate")
         return
@@ -143,8 +56,7 @@ def collate(out: Path, include: list[str] | None = None) -> None:
     plot(rows, out)
     runs = out / "slidedp_runs"
     if runs.is_dir():
-        with tarfile.open(out / "slidedp_runs.tar.gz", "w:gz") as tar:
-            tar.add(runs, arcname="slidedp_runs")
+        pack(out / "slidedp_runs.tar.gz", [(runs, "slidedp_runs")])
     log((out / "table.md").read_text())
 
 
@@ -157,9 +69,10 @@ def drive(args) -> int:
         launcher = [sys.executable]
         if args.gpus > 1 and system not in OURS:  # slidedp train --nproc launches its own ranks
             launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.gpus)]
-        cmd = [*launcher, __file__, "--worker", system, "--model", args.model, "--seq", str(args.seq),
-               "--batches", *map(str, args.batches), "--steps", str(args.steps), "--out", str(out),
-               "--device", args.device, "--profile", args.profile, "--port", str(args.port + i),
+        # As a module (torchrun's -m too), so the worker imports benchmarks.* as this driver does.
+        cmd = [*launcher, "-m", "benchmarks.peer_compare", "--worker", system, "--model", args.model,
+               "--seq", str(args.seq), "--batches", *map(str, args.batches), "--steps", str(args.steps),
+               "--out", str(out), "--device", args.device, "--profile", args.profile, "--port", str(args.port + i),
                "--gpus", str(args.gpus)]
         if args.slidedp_gpu_budget is not None:
             cmd += ["--slidedp-gpu-budget", str(args.slidedp_gpu_budget)]
@@ -175,11 +88,10 @@ def drive(args) -> int:
             status = f"stopped at its time limit ({limit:.0f} s)"
         log(f"=== {system}: {status} in {time.perf_counter() - t0:.1f} s")
         done = {(r["system"], r["batch"]) for r in load_rows(out)}
-        with results.open("a") as fh:
-            for batch in args.batches:
-                if (system, batch) not in done:
-                    fh.write(json.dumps({"system": system, "model": args.model, "seq": args.seq, "batch": batch,
-                                         "status": f"not run ({status})"}) + "\n")
+        for batch in args.batches:
+            if (system, batch) not in done:
+                append_jsonl(results, {"system": system, "model": args.model, "seq": args.seq, "batch": batch,
+                                       "status": f"not run ({status})"})
     collate(out)
     return 0
 
@@ -212,8 +124,7 @@ def main() -> int:
     results = Path(args.out) / "results.jsonl"
 
     def emit(row: dict) -> None:
-        with results.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        append_jsonl(results, row)
         shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
                  if k in ("system", "batch", "status", "step_time_s", "tokens_per_s", "model_tflops", "gpu_peak_gib",
                           "host_rss_peak_gib", "predicted_step_time_s", "limiter", "predicted_limiter", "error")}

@@ -1,34 +1,30 @@
-"""The systems `peer_compare.py` times, one worker function each, and what they share: the same model,
+"""The systems `benchmarks.peer_compare` times, one worker function each, and what they share: the same model,
 the same chunked loss, the same init, the same timing loop (see peer_compare's docstring for the setup).
 
 A worker runs in its own process (under torchrun for several ranks) and reports one row per batch
 through ``emit``.
+
+    python -m benchmarks.peer_systems --self-check   # the chunked loss equals plain cross-entropy (CPU)
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from benchmarks.common import log, rss_gib
 
 LOSS_CHUNK_TOKENS = 4096
 LR, BETAS, EPS, CLIP = 1e-5, (0.9, 0.95), 1e-8, 1.0
 
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
-
-
 # ---- shared by the peers ---------------------------------------------------------------------------------
-def rss_gib(field: str = "VmRSS") -> float:
-    from slidedp.runtime.trainer import rss_bytes
-
-    return rss_bytes(field) / 2**30
-
-
 @dataclass(frozen=True)
 class Ranks:
     """This worker's place in a torchrun group (rank 0 of 1 when run directly)."""
@@ -155,8 +151,8 @@ def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, ext
     """Run ``args.steps`` steps per global batch through ``step_fn(input_ids, labels)``, each rank on its
     ``batch / world`` sequences; rank 0 emits one row per batch (host memory summed over the ranks)."""
     import torch
-    from streaming_measure import synthetic_tokens
 
+    from benchmarks.common import synthetic_tokens
     from slidedp.model_spec import load_model_spec
 
     spec = load_model_spec(args.model)
@@ -331,8 +327,8 @@ def run_slidedp(args, emit, host_state_only: bool = False) -> None:
         run_slidedp_ranks(args, emit, host_state_only)
         return
     import torch
-    from streaming_measure import StreamingModel, measure_policy, save_run_dir
 
+    from benchmarks.streaming_measure import StreamingModel, measure_policy, save_run_dir
     from slidedp.hardware import GIB, load_hardware
     from slidedp.problem import resolve_budget
     from slidedp.runtime.device import Device
@@ -375,8 +371,7 @@ def run_slidedp(args, emit, host_state_only: bool = False) -> None:
 def run_slidedp_ranks(args, emit, host_state_only: bool = False) -> None:
     """Several GPUs: `slidedp train --nproc N` per batch (one shared host state for all ranks), with the
     policy `slidedp tune` picks for N GPUs; the row comes from the run directory's summary."""
-    from train_runs import train_run
-
+    from benchmarks.common import train_run
     from slidedp.hardware import load_hardware
     from slidedp.model_spec import load_model_spec
     from slidedp.problem import resolve_budget
@@ -417,3 +412,40 @@ def run_slidedp_ranks(args, emit, host_state_only: bool = False) -> None:
 WORKERS = {"slidedp": run_slidedp, "slidedp-host": lambda args, emit: run_slidedp(args, emit, host_state_only=True),
            "fsdp2-offload": run_fsdp2_offload, "deepspeed-offload": run_deepspeed_offload,
            "resident": run_resident}
+
+
+def self_check() -> None:
+    """The peers' chunked loss (logits recomputed per chunk) has the plain loss's value and gradients, in
+    float64 on the CPU with a chunk that does not divide the tokens (the last chunk is short)."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 10, 16, generator=g, dtype=torch.float64).requires_grad_()
+    weight = torch.randn(50, 16, generator=g, dtype=torch.float64).requires_grad_()
+    labels = torch.randint(0, 50, (2, 10), generator=g)
+    ref = F.cross_entropy((hidden.reshape(-1, 16) @ weight.T).float(), labels.reshape(-1))
+    ref_grads = torch.autograd.grad(ref, [hidden, weight])
+
+    loss = chunked_lm_loss(hidden, weight, labels, chunk=7, dtype=torch.float64)
+    grads = torch.autograd.grad(loss, [hidden, weight])
+    loss_err = abs(loss.item() - ref.item())
+    assert loss_err <= 1e-6 * abs(ref.item()), f"chunked loss {loss.item()} != cross-entropy {ref.item()}"
+    for a, b in zip(grads, ref_grads, strict=True):
+        assert torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-7), "chunked loss gradients differ"
+    log(f"self-check ok: chunked loss {loss.item():.6f} (cross-entropy {ref.item():.6f}), gradients agree")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="The peer systems' shared parts (workers run through peer_compare)")
+    p.add_argument("--self-check", action="store_true", help="check the chunked loss against plain cross-entropy")
+    args = p.parse_args()
+    if not args.self_check:
+        p.print_help()
+        return 2
+    self_check()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Speed of the analytical model and the discrete-event simulator (not a test: timings vary by machine).
 
-    python benchmarks/sim_speed.py [--repeats 5]
+    python -m benchmarks.sim_speed [--repeats 5]
 
 Times an 80-layer model (Qwen2.5-72B) on 4 GPUs with 8 chunks per layer for every route pair, and the
 analytical model on the same configurations. Python runs on one core, so these are one-core figures.

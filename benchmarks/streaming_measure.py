@@ -1,5 +1,6 @@
-"""Shared by the GPU benchmark scripts: open a model's host state once, time the streaming runtime under a
-policy, and keep each measured step as a run directory that `slidedp validate` reads.
+"""Shared by the streaming-runtime benchmark scripts (gpu_runtime, validation_runs, peer_systems): open a
+model's host state once, time the streaming runtime under a policy, and keep each measured step as a run
+directory that `slidedp validate` reads.
 
 Step time is wall clock around `engine.step` (which synchronises the device at its end), the median of
 every step after the first (the first pays allocator growth and kernel autotuning).
@@ -15,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from benchmarks.common import rss_gib, synthetic_tokens
 from slidedp.exposure import exposure_from_trace, limiter
 from slidedp.hardware import GIB, HardwareProfile
 from slidedp.model_spec import ModelSpec
@@ -27,7 +29,6 @@ from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.tracing import TraceRecorder
-from slidedp.runtime.trainer import rss_bytes
 from slidedp.sim import simulate
 from slidedp.trace import EXPOSURE_CATEGORIES
 from slidedp.workload import StepWorkload
@@ -57,17 +58,11 @@ class StreamingModel:
         t_alloc = time.perf_counter() - t0
         host.init_random(adapter, 0, device.torch_device)
         log(f"{model}: {adapter.total_params / 1e9:.2f} B params, host state {host.total_bytes() / GIB:.1f} GiB "
-            f"({host.bytes_per_param():.0f} B/param, allocated in {t_alloc:.1f} s), RSS {rss_bytes() / GIB:.1f} GiB")
+            f"({host.bytes_per_param():.0f} B/param, allocated in {t_alloc:.1f} s), RSS {rss_gib():.1f} GiB")
         return cls(model, cfg, adapter, spec, host, device)
 
     def close(self) -> None:
         self.host.close()
-
-
-def synthetic_tokens(vocab: int, batch: int, seq: int) -> torch.Tensor:
-    """The tokens every benchmarked system trains on for a (batch, seq): seeded by the shape, so SlideDP,
-    its resident reference and the peers see the same data."""
-    return torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(batch * 7919 + seq))
 
 
 def measure_policy(sm: StreamingModel, hw: HardwareProfile, policy: Policy, seq: int, batch: int, steps: int,
@@ -97,7 +92,7 @@ def measure_policy(sm: StreamingModel, hw: HardwareProfile, policy: Policy, seq:
         "system": "slidedp", "model": sm.name, "seq": seq, "batch": batch, "tokens_per_step": batch * seq,
         "policy": policy.to_dict(), "adam_threads": w.adam_threads, "step_times_s": times, "step_time_s": step_time,
         "tokens_per_s": batch * seq / step_time, "model_tflops": w.model_flops_per_step() / step_time / 1e12,
-        "gpu_peak_gib": peak, "host_rss_gib": rss_bytes() / GIB, "host_rss_peak_gib": rss_bytes("VmHWM") / GIB,
+        "gpu_peak_gib": peak, "host_rss_gib": rss_gib(), "host_rss_peak_gib": rss_gib("VmHWM"),
         "host_bytes_per_param": sm.host.bytes_per_param(), "exposure_s": exposure,
         "limiter": limiter(exposure["compute"], {c: exposure[c] for c in EXPOSURE_CATEGORIES}),
         "predicted_step_time_s": predicted.step_time_s, "predicted_limiter": predicted.limiter,

@@ -1,6 +1,6 @@
 """How long `slidedp tune` takes for the default search space (not a test).
 
-    python benchmarks/tune_speed.py
+    python -m benchmarks.tune_speed
 
 Prints, per problem, how many candidates were enumerated, how many fit, and the wall time including
 the simulator refinement of the top 6.

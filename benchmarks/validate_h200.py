@@ -1,6 +1,6 @@
 """Validate the simulator against the measured H200 runs.
 
-    python benchmarks/validate_h200.py [--out validation.csv]
+    python -m benchmarks.validate_h200 [--out validation.csv]
 
 Main set: the 20 runs of the second session (benchmarks/results/h200-2026-12-02b: 10 hand-picked policies
 over seq 1K-32K, chunking, activation policy, accumulation and prefetch, plus the 10 tuned Qwen3-4B/8B runs
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from slidedp.exposure import exposure_from_trace
 from slidedp.hardware import load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.policy import Policy
-from slidedp.report.rundir import write_run_dir
+from slidedp.report.rundir import unpack_session, write_run_dir
 from slidedp.run_summary import RunSummary
 
 RESULTS = Path(__file__).parent / "results" / "h200-2026-12-02"
@@ -36,12 +35,14 @@ NEW = Path(__file__).parent / "results" / "h200-2026-12-02b"
 THIRD = Path(__file__).parent / "results" / "h200-2026-12-02c"
 
 
-def sweep_runs(directory: Path) -> list[Path]:
+def sweep_runs(directory: Path, first: Path) -> list[Path]:
+    """The first session's batch sweeps as run directories under ``directory``, cut from the per-sweep trace
+    files of ``first`` (that session's folder, unpacked)."""
     runs = []
     for jsonl, traces in (("sweep_4b.jsonl", "sweep_4b_traces.parquet"),
                           ("sweep_8b_b4_b16.jsonl", "sweep_8b_b4_b16_traces.parquet")):
-        trace_all = pd.read_parquet(RESULTS / traces)
-        for line in (RESULTS / jsonl).read_text().splitlines():
+        trace_all = pd.read_parquet(first / traces)
+        for line in (first / jsonl).read_text().splitlines():
             row = json.loads(line)
             if "model" not in row:
                 continue
@@ -56,24 +57,22 @@ def sweep_runs(directory: Path) -> list[Path]:
     return runs
 
 
-def unpack_runs(directory: Path, tarballs: list[Path]) -> list[Path]:
-    for tar in tarballs:
-        with tarfile.open(tar) as fh:
-            fh.extractall(directory, filter="data")
-    return sorted(p for p in directory.glob("*/*") if (p / "summary.json").exists())
+def session_runs(tree: Path, folders: list[str]) -> list[Path]:
+    """The run directories in ``folders`` of an unpacked session, in the order the refit's even/odd halves have
+    always used: by (runs | slidedp_runs, run name), as when the drivers' tarballs were unpacked into one place."""
+    runs = [p for folder in folders for p in (tree / folder).iterdir() if (p / "summary.json").exists()]
+    return sorted(runs, key=lambda p: (p.parent.name, p.name))
 
 
 def new_runs(directory: Path) -> list[Path]:
     """The 20 runs of the second H200 session: 10 hand-picked policies + the 10 tuned peer-comparison runs."""
-    return unpack_runs(directory, [NEW / "calibration" / "validation_runs.tar.gz",
-                                   NEW / "peers" / "slidedp_runs.tar.gz", NEW / "p8b" / "slidedp_runs.tar.gz"])
+    return session_runs(unpack_session(NEW, directory), ["calibration/runs", "peers/slidedp_runs", "p8b/slidedp_runs"])
 
 
 def third_runs(directory: Path) -> list[Path]:
     """The 23 runs of the third H200 session (GPU-held optimizer state; the host-only tuned runs)."""
-    return unpack_runs(directory, [THIRD / "validation" / "validation_runs.tar.gz",
-                                   THIRD / "peers" / "slidedp_runs.tar.gz", THIRD / "host" / "slidedp_runs.tar.gz",
-                                   THIRD / "p8b" / "slidedp_runs.tar.gz"])
+    return session_runs(unpack_session(THIRD, directory), ["validation/runs", "peers/slidedp_runs",
+                                                           "host/slidedp_runs", "p8b/slidedp_runs"])
 
 
 def two_fold(base, records):
@@ -95,7 +94,8 @@ def main() -> None:
     shipped = load_hardware("h200-x1")
     with tempfile.TemporaryDirectory() as tmp:
         records = [load_record(p) for p in new_runs(Path(tmp) / "new")]
-        old = [load_record(p) for p in sweep_runs(Path(tmp) / "old") + [RESULTS / "run64k"]]
+        first = unpack_session(RESULTS, Path(tmp) / "first")
+        old = [load_record(p) for p in sweep_runs(Path(tmp) / "old", first) + [first / "run64k"]]
         third = [load_record(p) for p in third_runs(Path(tmp) / "third")]
         tables = {
             "probe profile (before calibration)": validate(records, probe),

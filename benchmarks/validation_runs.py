@@ -1,6 +1,6 @@
 """Runs of the streaming runtime under hand-picked policies, for validating the simulator.
 
-    python benchmarks/validation_runs.py --model qwen3-4b --out DIR [--steps 3] [--deadline 240]
+    python -m benchmarks.validation_runs --model qwen3-4b --out DIR [--steps 3] [--deadline 240]
 
 The set varies what the simulator must get right: batch, sequence length (1K-32K), chunking (2-16 per
 layer), activation policy (keep / recompute / offload), gradient accumulation, prefetch depth and (--set
@@ -13,15 +13,14 @@ Runs stop being started once --deadline seconds have passed (the rest are listed
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tarfile
 import time
 from pathlib import Path
 
 import torch
-from streaming_measure import StreamingModel, measure_policy, save_run_dir
 
+from benchmarks.common import append_jsonl, log, pack
+from benchmarks.streaming_measure import StreamingModel, measure_policy, save_run_dir
 from slidedp.hardware import load_hardware
 from slidedp.policy import Policy
 from slidedp.runtime.device import Device
@@ -62,10 +61,6 @@ GPU_STATE_RUNS: list[tuple[str, int, int, dict]] = [
 SETS = {"host": RUNS, "gpu_state": GPU_STATE_RUNS, "all": RUNS + GPU_STATE_RUNS}
 
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen3-4b")
@@ -86,32 +81,30 @@ def main() -> int:
     hw = load_hardware(args.profile)
     sm = StreamingModel.open(args.model, Device(args.device), log)
     selected = [r for r in SETS[args.set] if not args.only or r[0] in args.only]
-    with (out / "results.jsonl").open("a") as results:
-        for label, seq, batch, fields in selected:
-            if time.perf_counter() - start > args.deadline:
-                log(f"{label}: not run (deadline)")
-                results.write(json.dumps({"label": label, "status": "not run (deadline)"}) + "\n")
-                continue
-            units = sm.spec.layers + 2  # a smaller model (the CPU test's) holds at most all of its units
-            policy = Policy(**{**fields, "gpu_state_units": min(fields.get("gpu_state_units", 0), units)})
-            try:
-                row, trace = measure_policy(sm, hw, policy, seq, batch, args.steps)
-            except torch.OutOfMemoryError as exc:
-                log(f"{label}: out of GPU memory ({str(exc).splitlines()[0][:120]})")
-                results.write(json.dumps({"label": label, "status": "oom"}) + "\n")
-                torch.cuda.empty_cache()
-                continue
-            name = f"{Path(args.model).stem}-{label}"  # a preset name, or a config file's stem
-            save_run_dir(runs_dir, name, row, trace, sm.spec)
-            row["label"] = name
-            results.write(json.dumps(row) + "\n")
-            results.flush()
-            log(f"{name}: {row['step_time_s']:.3f} s/step (steps {[round(t, 3) for t in row['step_times_s']]}), "
-                f"limiter {row['limiter']}, peak {row['gpu_peak_gib']:.1f} GiB; {args.profile} predicts "
-                f"{row['predicted_step_time_s']:.3f} s ({row['predicted_limiter']})")
+    results = out / "results.jsonl"
+    for label, seq, batch, fields in selected:
+        if time.perf_counter() - start > args.deadline:
+            log(f"{label}: not run (deadline)")
+            append_jsonl(results, {"label": label, "status": "not run (deadline)"})
+            continue
+        units = sm.spec.layers + 2  # a smaller model (the CPU test's) holds at most all of its units
+        policy = Policy(**{**fields, "gpu_state_units": min(fields.get("gpu_state_units", 0), units)})
+        try:
+            row, trace = measure_policy(sm, hw, policy, seq, batch, args.steps)
+        except torch.OutOfMemoryError as exc:
+            log(f"{label}: out of GPU memory ({str(exc).splitlines()[0][:120]})")
+            append_jsonl(results, {"label": label, "status": "oom"})
+            torch.cuda.empty_cache()
+            continue
+        name = f"{Path(args.model).stem}-{label}"  # a preset name, or a config file's stem
+        save_run_dir(runs_dir, name, row, trace, sm.spec)
+        row["label"] = name
+        append_jsonl(results, row)
+        log(f"{name}: {row['step_time_s']:.3f} s/step (steps {[round(t, 3) for t in row['step_times_s']]}), "
+            f"limiter {row['limiter']}, peak {row['gpu_peak_gib']:.1f} GiB; {args.profile} predicts "
+            f"{row['predicted_step_time_s']:.3f} s ({row['predicted_limiter']})")
     sm.close()
-    with tarfile.open(out / "validation_runs.tar.gz", "w:gz") as tar:
-        tar.add(runs_dir, arcname="runs")
+    pack(out / "validation_runs.tar.gz", [(runs_dir, "runs")])
     return 0
 
 

@@ -19,6 +19,7 @@ from slidedp.hardware import load_hardware
 from slidedp.policy import Policy
 from slidedp.report import plots
 from slidedp.report.notebook import show
+from slidedp.report.rundir import unpack_session
 from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.trainer import Trainer, TrainSpec
 
@@ -60,8 +61,10 @@ show(OUT / "cpu_runs")
 # ## The measured H200 run
 
 # %%
-h200_run = REPO / "benchmarks" / "results" / "h200-2026-12-02" / "run64k"
-if h200_run.exists():
+# Each results folder keeps its traces in one raw.tar.xz: unpack_session puts the run directory back together.
+first_session = REPO / "benchmarks" / "results" / "h200-2026-12-02"
+h200_run = unpack_session(first_session, work / "h200-first") / "run64k" if first_session.exists() else None
+if h200_run is not None and (h200_run / "trace.parquet").exists():
     record = load_record(h200_run)
     shipped = validate([record], base)
     print(shipped[["label", "measured_s", "predicted_s", "error_percent", "measured_limiter",
@@ -76,16 +79,13 @@ if h200_run.exists():
 # Predicted against measured, with the limiter the simulator names and the one the trace shows:
 
 # %%
-import tarfile  # noqa: E402
-
 results = REPO / "benchmarks" / "results" / "h200-2026-12-02b"
-tars = [results / "calibration" / "validation_runs.tar.gz", results / "peers" / "slidedp_runs.tar.gz",
-        results / "p8b" / "slidedp_runs.tar.gz"]
-if all(t.exists() for t in tars):
-    for t in tars:
-        with tarfile.open(t) as fh:
-            fh.extractall(work / "h200", filter="data")
-    paths = sorted(p for p in (work / "h200").glob("*/*") if (p / "summary.json").exists())
+if (results / "raw.tar.xz").exists():
+    tree = unpack_session(results, work / "h200")
+    folders = [tree / "calibration" / "runs", tree / "peers" / "slidedp_runs", tree / "p8b" / "slidedp_runs"]
+    # Ordered by (runs | slidedp_runs, name): the order the run list has always had, so the CI subset is stable.
+    paths = sorted((p for f in folders for p in f.iterdir() if (p / "summary.json").exists()),
+                   key=lambda p: (p.parent.name, p.name))
     if os.environ.get("SLIDEDP_NOTEBOOK_SMALL"):
         paths = paths[::4]  # CI: every fourth run keeps the notebook fast
     records = [load_record(p) for p in paths]

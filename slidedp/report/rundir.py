@@ -4,10 +4,15 @@
     exposure.csv     per-rank compute and exposed seconds (optional: inferred from the trace otherwise)
     summary.json     problem, policy, predicted/measured step time, throughput, limiter, memory
     policy.yaml, hardware.yaml   what was run, on what
+
+A benchmark results folder (benchmarks/results/<session>/) keeps its small tables and logs loose and its bulky
+raw outputs (traces, the drivers' run directories) in one raw.tar.xz; `unpack_session` puts both back together.
 """
 
 from __future__ import annotations
 
+import shutil
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +22,8 @@ from slidedp.errors import SlideDPError
 from slidedp.exposure import exposure_from_trace
 from slidedp.run_summary import RunSummary
 from slidedp.trace import load_trace, save_trace
+
+RAW_ARCHIVE = "raw.tar.xz"  # a results folder's bulky raw outputs, packed once so git holds one binary per session
 
 
 @dataclass
@@ -63,3 +70,22 @@ def load_run(path: str | Path) -> RunDir:
     else:
         exposure = exposure_from_trace(trace, step)
     return RunDir(path, trace, exposure, summary)
+
+
+def unpack_session(folder: str | Path, dest: str | Path) -> Path:
+    """A results folder as its benchmark runs left it: the loose files copied to ``dest``, then the folder's
+    raw.tar.xz (trace parquet files, run directories) unpacked over them at their original relative paths,
+    so readers open ``dest / "run64k"`` or ``dest / "peers" / "slidedp_runs"`` as if nothing had been packed.
+    A folder without an archive is just copied. Returns ``dest``."""
+    folder, dest = Path(folder), Path(dest)
+    if not folder.is_dir():
+        raise SlideDPError(f"no results folder at {str(folder)!r}")
+    shutil.copytree(folder, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(RAW_ARCHIVE))
+    archive = folder / RAW_ARCHIVE
+    if archive.exists():
+        try:
+            with tarfile.open(archive) as tar:
+                tar.extractall(dest, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            raise SlideDPError(f"cannot unpack {str(archive)!r}: {exc}") from None
+    return dest

@@ -18,7 +18,7 @@ from slidedp.runtime.engine import EngineConfig, StreamingEngine, shared_buffer_
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.tracing import TraceRecorder
-from tests.runtime_helpers import OPTIM, batches
+from tests.runtime.helpers import OPTIM, batches
 
 
 def shared_state(adapter: ModelAdapter, policy: Policy, comm: Comm, directory: Path) -> HostState:

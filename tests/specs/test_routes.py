@@ -13,7 +13,7 @@ from slidedp.policy import GRAD_ROUTES, PARAM_ROUTES, Policy
 from slidedp.routes import Routes, chunk_ranges, shard_bounds
 from slidedp.workload import StepWorkload
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from slidedp.policy import Policy
-from tests.dp_helpers import run_data_parallel
-from tests.runtime_helpers import TINY, batches, make_engine, run_cli_train, write_config
+from tests.builders import TINY, write_config
+from tests.runtime.dp_runner import run_data_parallel
+from tests.runtime.helpers import batches, make_engine, run_cli_train
 
 SEQ, STEPS = 16, 3
 

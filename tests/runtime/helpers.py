@@ -1,8 +1,10 @@
-"""Tiny models, data and a plain PyTorch reference trainer for the runtime tests."""
+"""Runtime test helpers: seeded token batches, a streaming engine on a tiny config, the plain-PyTorch reference
+trainer it must match, and `slidedp train` in a subprocess. The tiny configs themselves are in tests/builders.py."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -15,51 +17,29 @@ from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig, lr_at
 from slidedp.runtime.tracing import TraceRecorder
+from tests.builders import TINY
 
-TINY = {
-    "qwen3": dict(model_type="qwen3", vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-                  tie_word_embeddings=False),
-    "llama": dict(model_type="llama", vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
-                  tie_word_embeddings=False),
-    "qwen3-tied": dict(model_type="qwen3", vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-                       tie_word_embeddings=True),
-}
 OPTIM = OptimConfig(lr=3e-3, weight_decay=0.1, max_grad_norm=0.05, warmup_steps=2, total_steps=6)
 
 
-def write_config(tmp_path, name: str):
-    import json
-
-    path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps(TINY[name]))
-    return str(path)
-
-
 def batches(vocab: int, seq: int, n_seq: int, steps: int, seed: int = 0) -> list[torch.Tensor]:
+    """``steps`` seeded batches of ``n_seq`` sequences of seq + 1 tokens (inputs plus the shifted labels), so the
+    engine and the reference see identical data."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n_seq, seq + 1), generator=g) for _ in range(steps)]
 
 
 def make_engine(config_path: str, policy: Policy, seq: int, optim: OptimConfig = OPTIM, seed: int = 0):
+    """A CPU fp32 streaming engine on an unpinned host state with a seeded init: (engine, adapter, host)."""
     cfg = load_hf_config(config_path)
     adapter = ModelAdapter(cfg)
     host = HostState.allocate(adapter.total_params, torch.float32, torch.float32, pin=False)
     host.init_random(adapter, seed)
-    spec = ModelSpec.from_hf_config(TINY_BY_TYPE(config_path), name="tiny")
+    spec = ModelSpec.from_hf_config(json.loads(Path(config_path).read_text()), name="tiny")
     device = Device("cpu")
     engine = StreamingEngine(EngineConfig(policy, optim, seq, torch.float32), adapter, spec, host, device,
                              TraceRecorder(device))
     return engine, adapter, host
-
-
-def TINY_BY_TYPE(config_path: str) -> dict:  # noqa: N802 - reads the json the test wrote
-    import json
-    from pathlib import Path
-
-    return json.loads(Path(config_path).read_text())
 
 
 def reference_training(adapter: ModelAdapter, initial: torch.Tensor, data: list[torch.Tensor], micro_batch: int,

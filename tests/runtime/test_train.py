@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from slidedp.cli import main
 from slidedp.errors import SlideDPError
 from slidedp.runtime.data import ByteTokenizer, load_data, pack
-from tests.runtime_helpers import TINY
+from tests.builders import TINY
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from slidedp.hardware import load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.problem import resolve_problem
 from slidedp.report import plots
-from slidedp.report.rundir import load_run, write_run_dir
+from slidedp.report.rundir import RAW_ARCHIVE, load_run, unpack_session, write_run_dir
 from slidedp.report.summary import build_report
 from slidedp.run_summary import RunSummary
 from slidedp.sim import simulate
@@ -96,6 +96,25 @@ def test_run_dir_round_trip_and_report(sim_result, sweep_table, tmp_path):
     assert all(f"({name}.png)" in text for name in rep.figures)
     assert "<img" in rep.html.read_text()
 
+
+
+def test_unpack_session_joins_loose_files_and_the_raw_archive(sim_result, tmp_path):
+    """A results folder with a run directory split between git (summary) and raw.tar.xz (trace) loads whole."""
+    import tarfile
+
+    staged = write_run_dir(tmp_path / "staged" / "run1", sim_result.trace, sim_result.exposure,
+                           {"model": "qwen3-0.6b", "step_time_s": sim_result.step_time_s})
+    session = tmp_path / "session" / "run1"
+    session.mkdir(parents=True)
+    for name in ("summary.json", "exposure.csv"):
+        (session / name).write_bytes((staged / name).read_bytes())
+    with tarfile.open(session.parent / RAW_ARCHIVE, "w:xz") as tar:
+        tar.add(staged / "trace.parquet", arcname="run1/trace.parquet")
+    tree = unpack_session(session.parent, tmp_path / "unpacked")
+    assert not (tree / RAW_ARCHIVE).exists()
+    run = load_run(tree / "run1")
+    pd.testing.assert_frame_equal(run.trace, sim_result.trace)
+    assert run.summary["model"] == "qwen3-0.6b"
 
 def test_trace_only_exposure_matches_the_simulators_chains(sim_result):
     inferred = exposure_from_trace(sim_result.trace, sim_result.step_time_s)

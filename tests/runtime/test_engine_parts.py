@@ -17,8 +17,9 @@ from slidedp.runtime.engine import EngineConfig, StreamingEngine
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.tracing import TraceRecorder
-from tests.dp_helpers import run_data_parallel
-from tests.runtime_helpers import OPTIM, TINY, batches, make_engine, write_config
+from tests.builders import TINY, write_config
+from tests.runtime.dp_runner import run_data_parallel
+from tests.runtime.helpers import OPTIM, batches, make_engine
 
 
 @pytest.mark.parametrize("grad_route", GRAD_ROUTES)

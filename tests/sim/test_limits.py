@@ -6,7 +6,7 @@ from slidedp.model import estimate_step
 from slidedp.policy import Policy
 from slidedp.sim import simulate
 from slidedp.workload import StepWorkload
-from tests.conftest import free_machine, tiny_model, with_gpu, with_host, with_link
+from tests.builders import free_machine, tiny_model, with_gpu, with_host, with_link
 
 SEQ = 256
 GB = 1e9

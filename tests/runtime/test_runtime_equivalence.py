@@ -7,7 +7,8 @@ import torch
 
 from slidedp.policy import Policy
 from slidedp.runtime.optim import OptimConfig
-from tests.runtime_helpers import OPTIM, TINY, batches, make_engine, reference_training, write_config
+from tests.builders import TINY, write_config
+from tests.runtime.helpers import OPTIM, batches, make_engine, reference_training
 
 CASES = [
     ("qwen3", Policy(micro_batch=2, accumulation=2, chunks_per_layer=3)),

@@ -8,8 +8,8 @@ from slidedp.policy import Policy
 from slidedp.sim import simulate
 from slidedp.sim.fluid import FluidNetwork
 from slidedp.workload import StepWorkload
-from tests.conftest import free_machine, tiny_model, with_gpu, with_host, with_link
-from tests.test_sim_vs_model import SWEEP
+from tests.builders import free_machine, tiny_model, with_gpu, with_host, with_link
+from tests.sim.sweep import SWEEP
 
 FASTER = {
     "h2d": lambda hw: with_gpu(hw, h2d_gbps=hw.gpu.h2d_gbps * 1.5),

@@ -3,17 +3,18 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.py"))
+from tests.builders import REPO
+
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.py"))
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs(notebook, tmp_path):
     env = {**os.environ, "SLIDEDP_NOTEBOOK_SMALL": "1", "SLIDEDP_NOTEBOOK_OUT": str(tmp_path),
-           "SLIDEDP_REPO": str(Path(__file__).parents[1]), "MPLBACKEND": "Agg"}
+           "SLIDEDP_REPO": str(REPO), "MPLBACKEND": "Agg"}
     proc = subprocess.run([sys.executable, str(notebook)], capture_output=True, text=True, timeout=600, env=env,
                           cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,0 +1,85 @@
+"""The GPU benchmark scripts on a tiny model on the CPU, run as `python -m benchmarks.<name>` subprocesses from the
+repository root: they run, compare like with like, and write what RESULTS.md is built from. Nothing here is timed;
+the figures come from the H200 runs. (The table and figure code is tested in test_report_peers.py.)"""
+
+import json
+import math
+import subprocess
+import sys
+
+from slidedp.report.peers import load_rows
+from tests.builders import REPO
+
+
+def bench(name: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m benchmarks.<name> ARGS`` from the repository root, as a user runs it; fails the test on a
+    non-zero exit and shows the script's stderr."""
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *map(str, args)], capture_output=True,
+                          text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_peers_chunked_loss_equals_full_cross_entropy():
+    """The peers' chunked loss (logits recomputed per chunk) has the plain loss's value and gradients: the
+    script's self-check asserts both (float64, a chunk that leaves a short last one) and exits non-zero otherwise."""
+    proc = bench("peer_systems", "--self-check")
+    assert "self-check ok" in proc.stdout
+
+
+def test_peer_compare_runs_every_cpu_capable_system(tmp_path, tiny_config):
+    out = tmp_path / "peers"
+    bench("peer_compare", "--model", tiny_config, "--seq", "16", "--batches", "1", "2", "--steps", "2", "--device",
+          "cpu", "--systems", "slidedp", "slidedp-host", "fsdp2-offload", "resident", "--out", out)
+    rows = load_rows(out)
+    assert {(r["system"], r["batch"], r["status"]) for r in rows} == {
+        (s, b, "ok") for s in ("slidedp", "slidedp-host", "fsdp2-offload", "resident") for b in (1, 2)}
+    held = {r["system"]: r["policy"]["gpu_state_units"] for r in rows if r["batch"] == 1 and "policy" in r}
+    assert held["slidedp-host"] == 0 and held["slidedp"] > 0  # a tiny model: the tuner holds units on the GPU
+    losses = {r["system"]: r["final_loss"] for r in rows if r["batch"] == 1}
+    # Same model init, data and optimizer: after two steps every system reports a loss near ln(vocab).
+    assert all(abs(v - math.log(97)) < 0.5 for v in losses.values()), losses
+    assert (out / "table.md").exists() and (out / "peer_compare.png").exists()
+    assert (out / "slidedp_runs.tar.gz").exists()
+
+
+def test_peer_compare_with_two_ranks_per_system(tmp_path, tiny_config):
+    """--gpus 2: SlideDP through slidedp train --nproc 2, FSDP2 offload under torchrun; a global batch that
+    does not split over the ranks is a row saying so, not a failure."""
+    out = tmp_path / "peers2"
+    bench("peer_compare", "--model", tiny_config, "--seq", "16", "--batches", "2", "3", "--steps", "2", "--device",
+          "cpu", "--gpus", "2", "--systems", "slidedp", "fsdp2-offload", "--out", out)
+    rows = {(r["system"], r["batch"]): r for r in load_rows(out)}
+    assert rows[("slidedp", 2)]["status"] == "ok" and rows[("fsdp2-offload", 2)]["status"] == "ok"
+    assert rows[("slidedp", 2)]["gpus"] == 2 and rows[("fsdp2-offload", 2)]["gpus"] == 2
+    assert rows[("fsdp2-offload", 3)]["status"].startswith("skipped") and rows[("slidedp", 3)]["status"] != "ok"
+
+
+def test_validation_and_long_sequence_scripts_write_run_directories(tmp_path, tiny_config):
+    from slidedp.calibration.from_run import load_record
+
+    val = tmp_path / "val"
+    bench("validation_runs", "--model", tiny_config, "--device", "cpu", "--steps", "2", "--only", "s1024-b8-keep-c4",
+          "--out", val)
+    record = load_record(val / "runs" / "tiny-s1024-b8-keep-c4")
+    assert record.seq == 1024 and record.batch == 8 and record.policy.chunks_per_layer == 4
+    bench("validation_runs", "--model", tiny_config, "--device", "cpu", "--steps", "2", "--set", "gpu_state", "--only",
+          "s2048-b4-keep-c4-g8", "--out", val)
+    held = load_record(val / "runs" / "tiny-s2048-b4-keep-c4-g8")
+    assert held.policy.gpu_state_units == 5  # all of the tiny model's units (3 layers + embedding + head)
+    long_seq = tmp_path / "ls"
+    bench("long_seq_runs", "--base", tiny_config, "--layers", "2", "--seqs", "32", "64", "--steps", "1", "--device",
+          "cpu", "--out", long_seq)
+    rows = [json.loads(line) for line in (long_seq / "results.jsonl").read_text().splitlines()]
+    assert [(r["seq"], r["status"]) for r in rows] == [(32, "ok"), (64, "ok")]
+    assert all(r["model_spec"]["layers"] == 2 for r in rows)
+
+
+def test_multi_gpu_correctness_part_compares_ranks_with_one_process(tmp_path, tiny_config):
+    out = tmp_path / "mg"
+    bench("multi_gpu", "--model", tiny_config, "--gpus", "2", "--seq", "16", "--check-steps", "2", "--device", "cpu",
+          "--only", "correctness", "--out", out)
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    summary = next(r for r in rows if r["experiment"] == "correctness-summary")
+    assert summary["status"] == "ok" and summary["max_loss_diff"] < 1e-5  # fp32 on the CPU: the same sums
+    assert {r["label"] for r in rows if r["experiment"] == "correctness"} == {"correct-g1-b4", "correct-g2-b4"}
