@@ -118,11 +118,68 @@ def test_cli_calibrate_and_validate(tmp_path, capsys):
     assert main(["validate", str(tmp_path / "empty")]) == 2
 
 
-def test_layer_benchmark_fits_the_compute_model_on_this_cpu(tmp_path):
+def _layer_samples(gpu, model: str, noise: float, seed: int = 0):
+    """(model, seq, tokens, forward s, backward s) as the layer benchmark records them, from a known GPUSpec."""
+    rng = np.random.default_rng(seed)
+    spec = load_model_spec(model)
+    samples = []
+    for seq, batch in [(1024, 1), (1024, 8), (4096, 1), (4096, 4), (16384, 1), (32768, 1)]:
+        tokens = seq * batch
+        lin = spec.layer_linear_flops_per_token() * tokens
+        att = spec.layer_attention_flops_per_token(seq) * tokens
+        lin_s, att_s = gpu.linear_time(lin, tokens), gpu.attention_time(att)
+        fwd = lin_s + att_s + gpu.layer_overhead_us * 1e-6
+        bwd = gpu.backward_linear_ratio * lin_s + gpu.backward_attention_ratio * att_s + gpu.layer_overhead_us * 1e-6
+        jitter = np.exp(rng.normal(0.0, noise, 2))
+        samples.append((model, seq, tokens, fwd * jitter[0], bwd * jitter[1]))
+    return samples
+
+
+def test_layer_fit_recovers_a_known_compute_model_from_noisy_synthetic_timings():
+    truth = replace(load_hardware("h200-x1").gpu, matmul_tflops=600.0, attention_tflops=450.0,
+                    half_efficiency_tokens=300.0, layer_overhead_us=150.0, backward_linear_ratio=2.2,
+                    backward_attention_ratio=2.6)
+    m = Measurements(stream_gbps={1: 10.0}, adam_gparams_per_s={1: 1.0}, cast_gelems_per_s={1: 1.0},
+                     layer=_layer_samples(truth, "qwen3-4b", 0.02) + _layer_samples(truth, "qwen3-8b", 0.02, 1))
+    profile, report = profile_from(load_hardware("h200-x1"), m)
+    gpu = profile.gpu
+    assert report["warnings"] == []
+    assert gpu.matmul_tflops == pytest.approx(600.0, rel=0.15)
+    assert gpu.backward_linear_ratio == pytest.approx(2.2, rel=0.15)
+    for seq, tokens in ((2048, 8192), (8192, 8192)):  # predicted layer time, shapes it was not fitted on
+        spec = load_model_spec("qwen3-4b")
+        lin = spec.layer_linear_flops_per_token() * tokens
+        att = spec.layer_attention_flops_per_token(seq) * tokens
+        assert gpu.linear_time(lin, tokens) + gpu.attention_time(att) == pytest.approx(
+            truth.linear_time(lin, tokens) + truth.attention_time(att), rel=0.05)
+
+
+def test_a_layer_fit_that_is_not_credible_keeps_the_base_and_says_so():
+    """What a busy 2-core machine produced: backward 7e6 times the forward, rates at the fit's bound."""
+    base = load_hardware("h200-x1")
+    noisy = [("qwen3-4b", 64, 64, 1e-3, 7e3), ("qwen3-4b", 64, 256, 1.2e-3, 8e3), ("qwen3-4b", 256, 256, 0.9e-3, 6e3),
+             ("qwen3-4b", 256, 512, 1.1e-3, 9e3)]
+    m = Measurements(stream_gbps={1: 10.0}, adam_gparams_per_s={1: 1.0}, cast_gelems_per_s={1: 1.0}, layer=noisy)
+    profile, report = profile_from(base, m)
+    assert report["warnings"] and all(w.startswith("layer compute:") for w in report["warnings"])
+    assert profile.gpu.backward_linear_ratio == base.gpu.backward_linear_ratio
+    assert profile.gpu.backward_attention_ratio == base.gpu.backward_attention_ratio
+
+
+def test_noisy_link_timings_warn_instead_of_aborting():
+    m = Measurements(stream_gbps={1: 10.0}, adam_gparams_per_s={1: 1.0}, cast_gelems_per_s={1: 1.0},
+                     h2d={2**20: 5e-3, 2**22: 1e-3, 2**24: 2e-4})  # times fall with size: noise, not a link
+    base = load_hardware("h200-x1")
+    profile, report = profile_from(base, m)
+    assert profile.gpu.h2d_gbps == base.gpu.h2d_gbps
+    assert any(w.startswith("h2d_gbps:") for w in report["warnings"])
+
+
+def test_layer_benchmark_runs_on_this_cpu(tmp_path):
+    """Only that the CPU path times every grid point (timings of this machine are never asserted)."""
     import json
 
     from slidedp.calibration.gpu_bench import layer_benchmarks
-    from slidedp.calibration.measurements import Measurements
 
     config = tmp_path / "small.json"
     config.write_text(json.dumps(dict(model_type="qwen3", vocab_size=300, hidden_size=128, intermediate_size=384,
@@ -131,12 +188,9 @@ def test_layer_benchmark_fits_the_compute_model_on_this_cpu(tmp_path):
     measured = Measurements(stream_gbps={1: 10.0}, adam_gparams_per_s={1: 1.0}, cast_gelems_per_s={1: 1.0})
     layer_benchmarks(measured, str(config), quick=True)
     assert len(measured.layer) == 4 and all(f > 0 and b > 0 for *_, f, b in measured.layer)
-    profile, report = profile_from(load_hardware("h200-x1"), measured)
-    assert report["compute"]["residual"] < 0.5
-    # Backward costs more than forward on any device (weight and input gradients).
-    assert profile.gpu.backward_linear_ratio > 1 and report["compute"]["backward_residual"] < 0.5
-    assert 1e-4 < profile.gpu.matmul_tflops < 50  # a CPU, not an H200
+    # The command completes whatever this machine's load did to the fits (a fit that is not credible warns).
     assert main(["calibrate", "--quick", "--model", str(config), "--out", str(tmp_path / "p.yaml")]) == 0
+    assert main(["calibrate", "--quick", "--model", str(tmp_path / "missing.json")]) == 2
 
 
 def test_multi_gpu_measurements_set_the_link_and_a_shared_uplink():

@@ -21,8 +21,9 @@ PARAMS = [(540.0, 200.0, 400.0, 20e-6), (12.5, 0.0, 3.25, 0.0), (989.0, 1234.5, 
 @pytest.mark.parametrize("matmul, half, attention, overhead", PARAMS)
 def test_fit_model_equals_gpuspec_layer_time_bit_for_bit(matmul, half, attention, overhead):
     spec = load_model_spec("qwen3-8b")
+    # The layer-level model (a GPU without shape-aware curves), which calibration.fits fits.
     gpu = replace(load_hardware("h200-x1").gpu, matmul_tflops=matmul, half_efficiency_tokens=half,
-                  attention_tflops=attention, layer_overhead_us=overhead * 1e6)
+                  attention_tflops=attention, layer_overhead_us=overhead * 1e6, compute=None)
     seqs = [512, 1024, 4096, 16384, 32768]
     micro_batches = [1, 2, 4, 1, 1]
     tokens = np.array([s * b for s, b in zip(seqs, micro_batches, strict=True)])
