@@ -1,6 +1,6 @@
 """Held-out validation of the shape-aware compute model on architectures calibration never saw.
 
-    python -m benchmarks.shape_validation --out $OUT [--only calibrate|runs] [--runs NAME ...]
+    python -m benchmarks.shape_validation --out $OUT [--only calibrate|runs] [--runs NAME ...] [--profile P]
 
 1. Calibrate: shape micro-benchmarks (GEMM, flash attention, HF memory-bound modules over a grid of
    shapes; decoder layers of Qwen3-4B only for the per-pass overhead) fitted into ComputeCurves; the
@@ -25,6 +25,8 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+
+from benchmarks.common import append_jsonl, log
 
 ARCHS: dict[str, dict] = {
     "llama3b": dict(model_type="llama", vocab_size=128256, hidden_size=3072, intermediate_size=8192,
@@ -82,10 +84,6 @@ RUNS.update(RUNS_V2)
 PEAK_TFLOPS, PEAK_HBM_GBPS = 989.4, 4800.0  # H200 datasheet: dense bf16, HBM3e
 
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
-
-
 def calibrate(out: Path) -> Path:
     from slidedp.calibration.shape_bench import shape_samples
     from slidedp.calibration.shape_fit import fit_curves, samples_to_json
@@ -124,23 +122,23 @@ def predict(profiles: dict[str, Path], names: list[str], out: Path) -> None:
     from slidedp.sim import simulate
     from slidedp.workload import StepWorkload
 
-    with open(out / "predictions.jsonl", "a") as fh:
-        for name in names:
-            spec, policy, seq, batch = _problem(name)
-            row = {"run": name, "params": spec.total_params, "written_at": time.time()}
-            for label, path in profiles.items():
-                w = StepWorkload(spec, load_hardware(str(path)), policy, seq, batch)
-                sim, est = simulate(w), estimate_step(w, with_memory=True)
-                row[label] = {"step_time_s": sim.step_time_s, "compute_s": sim.compute_s, "limiter": sim.limiter,
-                              "analytical_step_time_s": est.step_time_s, "gpu_peak_gib": est.memory.gpu_peak_gib()}
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
-            log(f"predicted {name}: " + ", ".join(f"{k} {row[k]['step_time_s']:.3f} s ({row[k]['limiter']})"
-                                                  for k in profiles))
+    for name in names:
+        spec, policy, seq, batch = _problem(name)
+        row = {"run": name, "params": spec.total_params, "written_at": time.time()}
+        for label, path in profiles.items():
+            w = StepWorkload(spec, load_hardware(str(path)), policy, seq, batch)
+            sim, est = simulate(w), estimate_step(w, with_memory=True)
+            row[label] = {"step_time_s": sim.step_time_s, "compute_s": sim.compute_s, "limiter": sim.limiter,
+                          "analytical_step_time_s": est.step_time_s, "gpu_peak_gib": est.memory.gpu_peak_gib()}
+        append_jsonl(out / "predictions.jsonl", row)  # written before any run starts
+        log(f"predicted {name}: " + ", ".join(f"{k} {row[k]['step_time_s']:.3f} s ({row[k]['limiter']})"
+                                              for k in profiles))
 
 
 def measure(name: str, profile: Path, out: Path, steps: int) -> dict:
     import pandas as pd
+
+    from slidedp.run_summary import RunSummary
 
     spec, policy, seq, batch = _problem(name)
     arch = RUNS[name][0]
@@ -158,13 +156,13 @@ def measure(name: str, profile: Path, out: Path, steps: int) -> dict:
     if proc.returncode != 0:
         row["error"] = proc.stderr[-2000:]
         return row
-    summary = json.loads((run / "summary.json").read_text())
+    summary = RunSummary.load(run / "summary.json")
     trace = pd.read_parquet(run / "trace.parquet")
     gpu = trace[trace.op.isin(["fwd", "bwd", "gpu_adam"])]
-    row.update(step_time_s=summary["step_time_s"], limiter=summary["limiter"],
-               compute_s=float((gpu.end_s - gpu.start_s).sum()), gpu_peak_gib=summary.get("gpu_peak_gib"),
-               predicted_gpu_allocated_gib=summary.get("predicted_gpu_allocated_gib"),
-               host_rss_peak_gib=summary.get("host_rss_peak_gib"))
+    row.update(step_time_s=summary.step_time_s, limiter=summary.limiter,
+               compute_s=float((gpu.end_s - gpu.start_s).sum()), gpu_peak_gib=summary.gpu_peak_gib,
+               predicted_gpu_allocated_gib=summary.predicted_gpu_allocated_gib,
+               host_rss_peak_gib=summary.host_rss_peak_gib)
     per_unit = gpu.groupby(["op", "unit"]).apply(lambda d: float((d.end_s - d.start_s).sum()))
     row["unit_seconds"] = {f"{op}:{u}": v for (op, u), v in per_unit.items()}
     return row
@@ -188,13 +186,11 @@ def main() -> None:
     from slidedp.hardware import hardware_presets
 
     predict({"h200-x1": hardware_presets()["h200-x1"], "shapes": profile}, args.runs, out)
-    with open(out / "results.jsonl", "a") as fh:
-        for name in args.runs:
-            row = measure(name, profile, out, args.steps)
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
-            log(f"measured {name}: {row.get('step_time_s', 'failed')} s, compute {row.get('compute_s')}, "
-                f"limiter {row.get('limiter')}, rc {row['returncode']} ({row['wall_s']:.0f} s wall)")
+    for name in args.runs:
+        row = measure(name, profile, out, args.steps)
+        append_jsonl(out / "results.jsonl", row)
+        log(f"measured {name}: {row.get('step_time_s', 'failed')} s, compute {row.get('compute_s')}, "
+            f"limiter {row.get('limiter')}, rc {row['returncode']} ({row['wall_s']:.0f} s wall)")
 
 
 if __name__ == "__main__":
