@@ -103,7 +103,7 @@ def test_unpack_session_joins_loose_files_and_the_raw_archive(sim_result, tmp_pa
     import tarfile
 
     staged = write_run_dir(tmp_path / "staged" / "run1", sim_result.trace, sim_result.exposure,
-                           {"model": "qwen3-0.6b", "step_time_s": sim_result.step_time_s})
+                           RunSummary(model="qwen3-0.6b", step_time_s=sim_result.step_time_s))
     session = tmp_path / "session" / "run1"
     session.mkdir(parents=True)
     for name in ("summary.json", "exposure.csv"):
@@ -114,7 +114,8 @@ def test_unpack_session_joins_loose_files_and_the_raw_archive(sim_result, tmp_pa
     assert not (tree / RAW_ARCHIVE).exists()
     run = load_run(tree / "run1")
     pd.testing.assert_frame_equal(run.trace, sim_result.trace)
-    assert run.summary["model"] == "qwen3-0.6b"
+    assert run.summary.model == "qwen3-0.6b"
+
 
 def test_trace_only_exposure_matches_the_simulators_chains(sim_result):
     inferred = exposure_from_trace(sim_result.trace, sim_result.step_time_s)
