@@ -10,37 +10,36 @@ import pytest
 from slidedp.calibration.from_run import load_record
 from slidedp.cli import main
 from slidedp.errors import SlideDPError
-from slidedp.report.rundir import load_run
+from slidedp.report.rundir import load_run, unpack_session
 from slidedp.run_summary import MemorySummary, RunSummary, SimulatedStep
+from tests.builders import REPO
 
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
-LOOSE = sorted(RESULTS.rglob("summary.json"))
-ARCHIVES = sorted(RESULTS.rglob("*.tar.gz"))
+RESULTS = REPO / "benchmarks" / "results"
+SESSIONS = sorted(p for p in RESULTS.iterdir() if p.is_dir())
 
 
 def _run_dirs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("summary.json"))
 
 
-def test_the_stored_results_hold_summaries():
-    assert LOOSE and ARCHIVES  # a moved results folder must not turn the tests below into no-ops
+def _unpacked(session: Path, dest: Path) -> Path:
+    """A results session as its benchmarks left it: loose files plus raw.tar.xz, and the drivers' run-directory
+    tarballs inside it unpacked beside themselves."""
+    tree = unpack_session(session, dest)
+    for tarball in sorted(tree.rglob("*.tar.gz")):
+        with tarfile.open(tarball) as fh:
+            fh.extractall(tarball.parent / (tarball.name + ".d"), filter="data")
+    return tree
 
 
-@pytest.mark.parametrize("path", LOOSE, ids=lambda p: str(p.relative_to(RESULTS)))
-def test_every_loose_summary_loads_and_round_trips(path):
-    data = json.loads(path.read_text())
-    summary = RunSummary.load(path)
-    assert summary.to_dict() == data
-    if (path.parent / "trace.parquet").exists():  # one of the first session's runs kept no trace
-        assert load_run(path.parent).summary == summary
-        assert load_record(path.parent).measured_s == data["step_time_s"]
+def test_the_stored_results_hold_summaries(tmp_path):
+    # a moved results folder must not turn the test below into a no-op
+    assert SESSIONS and _run_dirs(_unpacked(SESSIONS[0], tmp_path))
 
 
-@pytest.mark.parametrize("archive", ARCHIVES, ids=lambda p: str(p.relative_to(RESULTS)))
-def test_every_archived_run_loads_as_a_run_and_a_record(archive, tmp_path):
-    with tarfile.open(archive) as fh:
-        fh.extractall(tmp_path, filter="data")
-    runs = _run_dirs(tmp_path)
+@pytest.mark.parametrize("session", SESSIONS, ids=lambda p: p.name)
+def test_every_stored_run_loads_as_a_run_and_a_record(session, tmp_path):
+    runs = _run_dirs(_unpacked(session, tmp_path))
     assert runs
     for run in runs:
         data = json.loads((run / "summary.json").read_text())
