@@ -41,8 +41,8 @@ def _adam_update(kernel, p: torch.Tensor, mom: torch.Tensor, var: torch.Tensor, 
 def host_benchmarks(quick: bool, progress: Progress | None = None) -> Measurements:
     from slidedp.runtime.cpu_adam import fused_kernel
 
-    m = Measurements()
     n = 4_000_000 if quick else 64_000_000
+    m = Measurements(cache_resident=quick)
     repeats = 2 if quick else 5
     src, dst = torch.randn(n), torch.empty(n)
     p, mom, var = torch.randn(n), torch.zeros(n), torch.zeros(n)

@@ -34,6 +34,9 @@ class Measurements:
     gpu_adam_gparams_per_s: float | None = None
     # Operations timed over a grid of shapes (calibration.shape_bench): the GPU's shape-aware compute curves.
     shapes: ShapeSamples | None = None
+    # The host passes ran on arrays small enough to live in the CPU caches (--quick): their rates are real
+    # for the kernels, but they say nothing about DRAM capacity.
+    cache_resident: bool = False
     report: dict = field(default_factory=dict)
 
 

@@ -45,7 +45,11 @@ def profile_from(base: HardwareProfile, m: Measurements) -> tuple[HardwareProfil
                    stream_gbps=thread_curve(m.stream_gbps, m.stream_gbps.values()),
                    adam_gparams_per_s=thread_curve(m.adam_gparams_per_s, m.adam_gparams_per_s.values()),
                    cast_gelems_per_s=thread_curve(m.cast_gelems_per_s, m.cast_gelems_per_s.values()),
-                   mem_bw_gbps=dram_capacity_gbps(m), fused_cast=m.adam_fused_cast)
+                   mem_bw_gbps=base.host.mem_bw_gbps if m.cache_resident else dram_capacity_gbps(m),
+                   fused_cast=m.adam_fused_cast)
+    if m.cache_resident:
+        warnings.append(f"host DRAM capacity: the --quick passes fit the CPU caches; kept "
+                        f"{base.host.mem_bw_gbps:g} GB/s from {base.name}")
     gpu = base.gpu
     report = dict(m.report)
     report["mem_bw_gbps"] = host.mem_bw_gbps
@@ -140,6 +144,14 @@ def compute_profile(gpu, samples: list[tuple[str, int, int, float, float]], warn
                  "backward_residual": back.residual, "models": sorted(specs)}
 
 
+# The fitted families of ComputeCurves: a family whose value is not credible falls back to the base as a whole.
+CURVE_FAMILIES: dict[str, tuple[str, ...]] = {
+    "GEMM": ("gemm_tflops", "gemm_half_m", "gemm_half_n", "gemm_half_k", "kernel_us"),
+    "attention": ("attention_fwd_tflops", "attention_bwd_tflops", "attention_half_seq"),
+    "memory-bound": ("memory_gbps", "memory_gbps_by_kind", "memory_kernel_us"),
+}
+
+
 def compute_curves_profile(gpu, samples: ShapeSamples, warnings: list[str]):
     """Fit the shape-aware compute curves (gpu.compute); the chip's datasheet limits bound what is credible
     (a GPU slidedp.chips does not know is bounded by twice the fastest sample)."""
@@ -155,5 +167,11 @@ def compute_curves_profile(gpu, samples: ShapeSamples, warnings: list[str]):
         warnings.append(f"compute curves: {exc}; kept those of the base profile")
         return gpu, {"credible": False}
     warnings.extend(f"compute curves: {w}" for w in fit.warnings)
-    return replace(gpu, compute=fit.curves), {"residuals": fit.residuals, "peak_tflops": peak_tflops,
-                                              "peak_memory_gbps": peak_gbps}
+    curves = fit.curves
+    if gpu.compute is not None:  # a family whose fit is not credible keeps the base profile's parameters
+        for family, fields in CURVE_FAMILIES.items():
+            if any(w.startswith(name) and "not credible" in w for w in fit.warnings for name in fields):
+                curves = replace(curves, **{name: getattr(gpu.compute, name) for name in fields})
+                warnings.append(f"compute curves: kept the {family} parameters of the base profile")
+    return replace(gpu, compute=curves), {"residuals": fit.residuals, "peak_tflops": peak_tflops,
+                                          "peak_memory_gbps": peak_gbps}

@@ -235,3 +235,35 @@ def test_gpu_adam_rate_sets_the_profile_and_its_benchmark_times_the_runtime_upda
         state.update_all([g.clone()], step, cfg.lr, cfg, 0.5)
     torch.testing.assert_close(state.master[0], ref.detach(), rtol=1e-6, atol=1e-6)
     assert torch.equal(state.weights[0], state.master[0].bfloat16())
+
+
+def test_quick_host_passes_keep_the_base_dram_capacity():
+    base = load_hardware("h200-x1")
+    m = Measurements(stream_gbps={1: 10.0, 16: 300.0}, adam_gparams_per_s={1: 1.0, 16: 9.0},
+                     cast_gelems_per_s={1: 1.0}, cache_resident=True)
+    profile, report = profile_from(base, m)
+    assert profile.host.mem_bw_gbps == base.host.mem_bw_gbps
+    assert any(w.startswith("host DRAM capacity") for w in report["warnings"])
+    profile, report = profile_from(base, replace(m, cache_resident=False))
+    assert profile.host.mem_bw_gbps == pytest.approx(300.0)  # the most traffic one pass moved
+
+
+def test_compute_curves_that_are_not_credible_keep_the_base_family():
+    """Attention samples faster than the chip's peak: the attention parameters stay the base profile's."""
+    from slidedp import compute as c
+    from slidedp.calibration.shape_bench import GPU_GEMMS
+    from slidedp.calibration.shape_fit import ShapeSamples
+
+    base = load_hardware("h200-x1")
+    truth = base.gpu.compute
+    s = ShapeSamples()
+    s.gemm = [(c.Gemm(*shape), truth.seconds(c.Gemm(*shape))) for shape in GPU_GEMMS]
+    s.attention = [(op, truth.seconds(op) / 10) for op in (c.Attention(1, q, 32, 8, 128, b) for q in (2048, 8192, 32768)
+                                                            for b in (False, True))]
+    m = Measurements(stream_gbps={1: 10.0}, adam_gparams_per_s={1: 1.0}, cast_gelems_per_s={1: 1.0}, shapes=s)
+    profile, report = profile_from(base, m)
+    got = profile.gpu.compute
+    assert got.attention_fwd_tflops == truth.attention_fwd_tflops
+    assert got.attention_bwd_tflops == truth.attention_bwd_tflops
+    assert got.gemm_tflops == pytest.approx(truth.gemm_tflops, rel=0.05)
+    assert any("kept the attention parameters" in w for w in report["warnings"])
