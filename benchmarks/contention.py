@@ -65,9 +65,8 @@ def _fluid(hw, flows: dict[str, tuple[float, dict, float]], until: str | float) 
     done = {name: net.transfer(amount, usage, cap) for name, (amount, usage, cap) in flows.items()}
     env.run(until=done[until] if isinstance(until, str) else until)
     t = env.now
-    net._advance()  # every active flow's remaining bytes as of now
-    left = {id(f.done): f.remaining for f in net.flows}
-    out = {name: (flows[name][0] - left.get(id(ev), 0.0)) / t for name, ev in done.items()}
+    left = net.remaining()
+    out = {name: (flows[name][0] - left.get(ev, 0.0)) / t for name, ev in done.items()}
     if isinstance(until, str):
         out[f"{until}_end"] = t
     return out

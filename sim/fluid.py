@@ -49,6 +49,12 @@ class FluidNetwork:
         self._mark_dirty()
         return done
 
+    def remaining(self) -> dict[simpy.Event, float]:
+        """Bytes each active flow has left as of now, keyed by its completion event (experiments that stop a
+        run at a chosen time read what each flow moved from this)."""
+        self._advance()
+        return {f.done: f.remaining for f in self.flows}
+
     # ---- internals ------------------------------------------------------------------------------------
     def _advance(self) -> None:
         dt = self.env.now - self._last

@@ -16,6 +16,7 @@ exactly those modules, so a count that is off by a constant is absorbed by the f
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from slidedp.errors import SlideDPError
@@ -164,10 +165,10 @@ class ComputeCurves:
             return self.attention_seconds(op)
         return self.elementwise_seconds(op)
 
-    def total_seconds(self, ops) -> float:
+    def total_seconds(self, ops: Iterable[ComputeOp]) -> float:
         return sum(self.seconds(op) for op in ops)
 
-    def layer_pass_seconds(self, ops, backward: bool) -> float:
+    def layer_pass_seconds(self, ops: Iterable[ComputeOp], backward: bool) -> float:
         """One decoder layer's forward or backward pass: its operations, not faster than the CPU issues
         them, plus the pass's fixed cost."""
         if backward:

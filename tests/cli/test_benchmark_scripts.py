@@ -7,6 +7,8 @@ import math
 import subprocess
 import sys
 
+import pytest
+
 from slidedp.report.peers import load_rows
 from tests.builders import REPO
 
@@ -83,3 +85,14 @@ def test_multi_gpu_correctness_part_compares_ranks_with_one_process(tmp_path, ti
     summary = next(r for r in rows if r["experiment"] == "correctness-summary")
     assert summary["status"] == "ok" and summary["max_loss_diff"] < 1e-5  # fp32 on the CPU: the same sums
     assert {r["label"] for r in rows if r["experiment"] == "correctness"} == {"correct-g1-b4", "correct-g2-b4"}
+
+
+def test_contention_predictions_follow_the_profiles_caps(tmp_path):
+    """The contention experiment's predictions (the simulator's fluid network): copies alone get their PCIe
+    and duplex caps, two H2D streams share one link, and AdamW slows down while copies share host DRAM."""
+    bench("contention", "--out", tmp_path, "--predict-only", "--params", str(2**24))
+    p = json.loads((tmp_path / "predictions.json").read_text())
+    assert p["h2d_x1_gbps"] == pytest.approx(55.14) and p["h2d_x2_gbps"] == pytest.approx(55.14)  # one link
+    assert p["dma_h2d_gbps"] + p["dma_d2h_gbps"] == pytest.approx(101.1)  # both directions: the duplex cap
+    assert p["adam+dma_s"] > p["adam_s"] and p["dma+adam_h2d_gbps"] < p["dma_h2d_gbps"]
+    assert p["adam_s"] == pytest.approx(2**24 / 4.523e9)  # the one-pass rate at 16 threads
