@@ -92,7 +92,8 @@ def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int
         units.append(UnitWork(i + 1, f"layer{i}", "layer", m.layer_params, lin, attn, mb_tokens, accumulation,
                               recompute, ckpt, fwd_ops=layer_fwd, bwd_ops=layer_bwd,
                               recompute_ops=layer_fwd if recompute else (), step_ops=layer_grads))
-    # The chunked loss recomputes each logits chunk in backward, so the head always pays 3x fwd + 1 fwd.
+    # FLOPs as the layer-level model counts the chunked loss (backward = 2x + a recomputed forward); the op
+    # list follows the runtime, which makes, uses and differentiates each logits chunk once.
     head_fwd, head_bwd = m.head_ops(mb_tokens, loss_chunk_tokens)
     units.append(UnitWork(m.layers + 1, "head", "head", m.head_params, m.head_flops_per_token() * mb_tokens, 0.0,
                           mb_tokens, accumulation, True, 0.0, fwd_ops=tuple(head_fwd), bwd_ops=tuple(head_bwd),
@@ -103,8 +104,9 @@ def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int
 def time_unit(work: UnitWork, gpu: GPUSpec) -> Unit:
     """Forward and backward seconds of one unit's work on ``gpu``.
 
-    With shape-aware curves (``gpu.compute``) each operation is costed from its shape and the unit's
-    passes are their sums plus a per-pass overhead. Otherwise the layer-level model: linears at their
+    With shape-aware curves (``gpu.compute``) each operation is costed from its shape; a decoder layer's
+    pass is their sum, not faster than its CPU dispatch, plus a fixed cost (ComputeCurves.layer_pass_seconds),
+    and the embedding and the head are their operations alone. Otherwise the layer-level model: linears at their
     token-dependent rate, attention at its rate, a fixed per-pass overhead, backward as fitted multiples
     of the forward parts."""
     if gpu.compute is not None:
