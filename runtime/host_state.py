@@ -20,6 +20,7 @@ import torch
 
 from slidedp.errors import SlideDPError
 from slidedp.runtime.hf_adapter import ModelAdapter
+from slidedp.runtime.shared_dir import SharedDir
 
 STATE_FILE = "state.safetensors"
 FAULT_KILL_IN_SAVE = "SLIDEDP_FAULT_KILL_IN_SAVE"  # tests: the data step whose checkpoint write is killed
@@ -33,13 +34,13 @@ def _register(t: torch.Tensor) -> None:
                            f"(error {int(rc)}): raise the locked-memory limit (ulimit -l)")
 
 
-def _shared(path: Path, numel: int, dtype: torch.dtype, create: bool, pin: bool) -> torch.Tensor:
-    """A tensor backed by a file in shared memory (/dev/shm): every rank maps the same pages."""
+def _shared(shared: SharedDir, name: str, numel: int, dtype: torch.dtype, create: bool, pin: bool) -> torch.Tensor:
+    """A tensor backed by a file of the run's private shared directory: every rank maps the same pages."""
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if create:
-        with open(path, "wb") as fh:
-            fh.truncate(nbytes)
-    t = torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
+        with shared.create_file(name, nbytes):
+            pass
+    t = torch.from_file(str(shared.check_file(name, nbytes)), shared=True, size=numel, dtype=dtype)
     if pin:
         _register(t)
     return t
@@ -82,20 +83,18 @@ class HostState:
                    _alloc(numel, torch.float32, pin), _alloc(numel, slot_dtype, pin), grads, pin)
 
     @classmethod
-    def allocate_shared(cls, directory: Path, numel: int, slot_dtype: torch.dtype, grad_dtype: torch.dtype,
+    def allocate_shared(cls, shared: SharedDir, numel: int, slot_dtype: torch.dtype, grad_dtype: torch.dtype,
                         pin: bool, create: bool, flags: int, world: int, landing_numel: int) -> HostState:
-        """The one state all ranks share, in files under ``directory`` (rank 0 creates them first)."""
-        directory.mkdir(parents=True, exist_ok=True)
-        grads = None if grad_dtype == slot_dtype else \
-            _shared(directory / "grads.bin", numel, grad_dtype, create, pin)
-        state = cls(_shared(directory / "master.bin", numel, torch.float32, create, pin),
-                    _shared(directory / "exp_avg.bin", numel, torch.float32, create, pin),
-                    _shared(directory / "exp_avg_sq.bin", numel, torch.float32, create, pin),
-                    _shared(directory / "slot.bin", numel, slot_dtype, create, pin), grads, pin)
-        state.flags = _shared(directory / "flags.bin", flags, torch.int64, create, False)
+        """The one state all ranks share, in files of ``shared`` (rank 0 creates them first)."""
+        def file(name: str, n: int, dtype: torch.dtype, pinned: bool = pin) -> torch.Tensor:
+            return _shared(shared, name, n, dtype, create, pinned)
+
+        grads = None if grad_dtype == slot_dtype else file("grads.bin", numel, grad_dtype)
+        state = cls(file("master.bin", numel, torch.float32), file("exp_avg.bin", numel, torch.float32),
+                    file("exp_avg_sq.bin", numel, torch.float32), file("slot.bin", numel, slot_dtype), grads, pin)
+        state.flags = file("flags.bin", flags, torch.int64, False)
         if landing_numel:
-            state.landing = [_shared(directory / f"landing_{r}.bin", landing_numel, grad_dtype, create, pin)
-                             for r in range(world)]
+            state.landing = [file(f"landing_{r}.bin", landing_numel, grad_dtype) for r in range(world)]
         return state
 
     @property

@@ -7,9 +7,7 @@ invocation never leaves a half-made run directory.
 from __future__ import annotations
 
 import csv
-import hashlib
 import os
-import shutil
 import signal
 import statistics
 import time
@@ -34,6 +32,7 @@ from slidedp.runtime.engine import EngineConfig, StepStats, StreamingEngine, sha
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig
+from slidedp.runtime.shared_dir import LAUNCHER_PID_ENV, RUN_ID_ENV, SharedDir, new_run_id, state_dir
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.sim import simulate
 from slidedp.trace import EXPOSURE_CATEGORIES
@@ -152,11 +151,9 @@ class Trainer:
         adapter = ModelAdapter(self.config)
         bf16_grads = s.policy.grad_dtype == "bf16" and self.compute_dtype == torch.bfloat16
         grad_dtype = torch.bfloat16 if bf16_grads else torch.float32
-        shm = None
+        shared = None
         if comm.active:
-            # Every rank derives the same name (Python's hash() is salted per process; sha1 is not).
-            shm = Path("/dev/shm") / f"slidedp-{hashlib.sha1(str(s.out.resolve()).encode()).hexdigest()[:16]}"
-            host, start_step = self._shared_state(adapter, comm, device, grad_dtype, shm)
+            shared, host, start_step = self._shared_state(adapter, comm, device, grad_dtype)
         else:
             host = HostState.allocate(adapter.total_params, self.compute_dtype, grad_dtype, pin=device.is_cuda)
             start_step = self._initialise(host, adapter, device)
@@ -189,8 +186,8 @@ class Trainer:
                 import torch.distributed as dist
 
                 dist.destroy_process_group()
-                if comm.rank == 0 and shm is not None:
-                    shutil.rmtree(shm, ignore_errors=True)
+                if comm.rank == 0 and shared is not None:
+                    shared.remove()
         return summary
 
     def _init_distributed(self) -> Comm:
@@ -223,26 +220,35 @@ class Trainer:
             host.init_random(adapter, s.seed, device.torch_device)
         return 0
 
-    def _shared_state(self, adapter: ModelAdapter, comm: Comm, device: Device, grad_dtype: torch.dtype,
-                      shm: Path) -> tuple[HostState, int]:
-        """Rank 0 creates and fills the one host state; the others map the same pages afterwards."""
+    def _shared_state(self, adapter: ModelAdapter, comm: Comm, device: Device,
+                      grad_dtype: torch.dtype) -> tuple[SharedDir, HostState, int]:
+        """Rank 0 creates the run's private state directory and fills the one host state; the others check it
+        and map the same pages afterwards. The directory's random name comes from the launcher (or from rank 0,
+        under a bare torchrun) and travels as a tensor, never pickled."""
         import torch.distributed as dist
 
         s = self.spec
         flags, landing = shared_buffer_sizes(adapter, s.policy, comm.world)
         args = (adapter.total_params, self.compute_dtype, grad_dtype)
         kwargs = dict(pin=device.is_cuda, flags=flags, world=comm.world, landing_numel=landing)
-        info = [0, 0]
+        run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
+        sync_device = self.device_name if self.device_name.startswith("cuda") else "cpu"
+        ident = torch.tensor(list(bytes.fromhex(run_id)), dtype=torch.uint8, device=sync_device)
+        dist.broadcast(ident, src=0)
+        path = state_dir(bytes(ident.cpu().tolist()).hex())
+        info = torch.zeros(2, dtype=torch.int64, device=sync_device)
         if comm.rank == 0:
-            shutil.rmtree(shm, ignore_errors=True)
-            host = HostState.allocate_shared(shm, *args, create=True, **kwargs)
-            info = [self._initialise(host, adapter, device), host.step]
+            launcher = int(os.environ.get(LAUNCHER_PID_ENV, os.getpid()))
+            shared = SharedDir.create(path, launcher, s.out.resolve())
+            host = HostState.allocate_shared(shared, *args, create=True, **kwargs)
+            info[0], info[1] = self._initialise(host, adapter, device), host.step
             host.flags.fill_(host.step)
-        dist.broadcast_object_list(info, src=0)  # also the barrier: the files exist and hold the state
+        dist.broadcast(info, src=0)  # also the barrier: the files exist and hold the state
         if comm.rank != 0:
-            host = HostState.allocate_shared(shm, *args, create=False, **kwargs)
-            host.step = info[1]
-        return host, info[0]
+            shared = SharedDir.attach(path)
+            host = HostState.allocate_shared(shared, *args, create=False, **kwargs)
+            host.step = int(info[1])
+        return shared, host, int(info[0])
 
     def _loop(self, engine: StreamingEngine, host: HostState, device: Device, start_step: int, writer, fh,
               fresh: bool, comm: Comm) -> tuple[list[float], StepStats]:

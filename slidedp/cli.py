@@ -146,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--out", default="profile.yaml", help="profile to write (default profile.yaml)")
     cal.set_defaults(func=_command("calibrate", "run_calibrate"))
 
+    clean = sub.add_parser("clean", help="list (and remove) shared host state that killed runs left in /dev/shm")
+    clean.add_argument("--remove", action="store_true", help="delete the listed directories")
+    clean.set_defaults(func=_command("clean", "run_clean"))
+
     val = sub.add_parser("validate", help="predicted vs measured step time of run directories")
     val.add_argument("runs", nargs="+", help="run directories")
     val.add_argument("--hardware", default="h200-x1", help="profile to predict with (default h200-x1)")

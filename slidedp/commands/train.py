@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -55,19 +57,63 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+GRACE_SECONDS = 20  # after forwarding a signal: how long the ranks get to stop before they are killed
+
+
 def launch_ranks(args: argparse.Namespace, spec) -> int:
-    """Re-run this command under torchrun, one process per rank; any rank's failure ends them all."""
+    """Re-run this command under torchrun, one process per rank; any rank's failure ends them all.
+
+    The launcher owns the run's lifetime: it holds the run directory's lock, names the shared state (a random
+    run id the ranks inherit), runs torchrun in its own session so that a signal meant for the run reaches
+    every rank through it (SIGINT and SIGTERM are forwarded, stragglers killed after a grace period), makes
+    torchrun die with it, and removes the shared state however the ranks ended."""
+    from slidedp.runtime.lifetime import RunLock, die_with_parent
+    from slidedp.runtime.shared_dir import LAUNCHER_PID_ENV, RUN_ID_ENV, SharedDir, new_run_id, stale_states, state_dir
+
+    lock = RunLock(spec.out)
+    stale = stale_states()
+    if stale:
+        print(f"slidedp: note: {len(stale)} state director{'y' if len(stale) == 1 else 'ies'} of killed runs in "
+              f"/dev/shm ({sum(s.bytes for s in stale) / 2**30:.1f} GiB): `slidedp clean --remove` frees them",
+              file=sys.stderr)
+    run_id = new_run_id()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), "--master_addr",
            "127.0.0.1", "--master_port", str(_free_port()), "--max_restarts", "0", "-m", "slidedp.cli"]
     # The rank processes get this command line through the environment: torchrun's own parser would
     # otherwise try to read options such as --nproc.
-    proc = subprocess.run(cmd, env={**os.environ, RANK_ARGV_ENV: json.dumps(args.argv)})
-    if proc.returncode != 0:
+    env = {**os.environ, RANK_ARGV_ENV: json.dumps(args.argv), RUN_ID_ENV: run_id, LAUNCHER_PID_ENV: str(os.getpid())}
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+    received: list[int] = []
+
+    def forward(signum, _frame) -> None:
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=GRACE_SECONDS)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # any rank still alive: torchrun's session, all of it
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        SharedDir(state_dir(run_id)).remove()
+        lock.release()
+    if received:
+        print(f"slidedp: interrupted ({signal.Signals(received[0]).name}); every rank stopped and the shared state "
+              f"was removed", file=sys.stderr)
+        return 130
+    if code != 0:
         ckpt = spec.out / "checkpoint"
         state = f"the last complete checkpoint {ckpt} is intact" if ckpt.exists() else "no checkpoint was written"
-        print(f"slidedp: error: a rank failed (exit code {proc.returncode}); all ranks stopped; {state}",
-              file=sys.stderr)
-        return 1
+        stopped = 3 if code == 3 else 1  # --on-nonfinite stop ends every rank with 3: keep the documented code
+        print(f"slidedp: error: a rank failed (exit code {code}); all ranks stopped; {state}", file=sys.stderr)
+        return stopped
     return 0
 
 
@@ -79,6 +125,10 @@ def run_train(args: argparse.Namespace) -> int:
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         Trainer(spec, log=console.print)  # validate every input here, before any rank starts
         return launch_ranks(args, spec)
+    if "WORLD_SIZE" in os.environ:  # a rank: it must not outlive torchrun (and so the launcher)
+        from slidedp.runtime.lifetime import die_with_parent
+
+        die_with_parent()
     progress = Progress(TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
                         TimeElapsedColumn(), console=console, disable=not console.is_terminal)
 
@@ -88,10 +138,19 @@ def run_train(args: argparse.Namespace) -> int:
         if not console.is_terminal:
             console.print(f"step {done}/{spec.steps} {info}")
 
-    trainer = Trainer(spec, on_step=on_step, log=console.print)
-    with progress:
-        task = progress.add_task("train", total=spec.steps, info="")
-        summary = trainer.run()
+    trainer = Trainer(spec, on_step=on_step, log=console.print)  # every input checked; nothing written yet
+    lock = None
+    if "WORLD_SIZE" not in os.environ:  # one process: it holds the run directory (a launcher holds it for ranks)
+        from slidedp.runtime.lifetime import RunLock
+
+        lock = RunLock(spec.out)
+    try:
+        with progress:
+            task = progress.add_task("train", total=spec.steps, info="")
+            summary = trainer.run()
+    finally:
+        if lock is not None:
+            lock.release()
     if spec.world > 1 and int(os.environ.get("RANK", "0")) != 0:
         return 0
     console.print(f"done: {summary.steps} steps, median {summary.step_time_s:.3f} s/step, "

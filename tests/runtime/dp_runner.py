@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from slidedp.runtime.device import Device
 from slidedp.runtime.engine import EngineConfig, StreamingEngine, shared_buffer_sizes
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
+from slidedp.runtime.shared_dir import SharedDir
 from slidedp.runtime.tracing import TraceRecorder
 from tests.runtime.helpers import OPTIM, batches
 
@@ -25,13 +27,15 @@ def shared_state(adapter: ModelAdapter, policy: Policy, comm: Comm, directory: P
     flags, landing = shared_buffer_sizes(adapter, policy, comm.world)
     host = None
     if comm.rank == 0:
-        host = HostState.allocate_shared(directory, adapter.total_params, torch.float32, torch.float32, pin=False,
+        shared = SharedDir.create(directory, os.getpid(), directory.parent)
+        host = HostState.allocate_shared(shared, adapter.total_params, torch.float32, torch.float32, pin=False,
                                          create=True, flags=flags, world=comm.world, landing_numel=landing)
         host.init_random(adapter, 0)
     comm.barrier()
     if comm.rank != 0:
-        host = HostState.allocate_shared(directory, adapter.total_params, torch.float32, torch.float32, pin=False,
-                                         create=False, flags=flags, world=comm.world, landing_numel=landing)
+        host = HostState.allocate_shared(SharedDir.attach(directory), adapter.total_params, torch.float32,
+                                         torch.float32, pin=False, create=False, flags=flags, world=comm.world,
+                                         landing_numel=landing)
     return host
 
 

@@ -1,0 +1,188 @@
+"""The shared state is private and never outlives its run; one run per run directory; ranks die with the launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slidedp.cli import main
+from slidedp.errors import SlideDPError
+from slidedp.runtime.lifetime import RunLock
+from slidedp.runtime.shared_dir import OWNER_FILE, PREFIX, SharedDir, stale_states, state_dir
+from tests.builders import TINY
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def test_state_directory_and_files_are_owner_only(tmp_path):
+    shared = SharedDir.create(tmp_path / "s", os.getpid(), tmp_path)
+    with shared.create_file("master.bin", 64):
+        pass
+    assert _mode(shared.path) == 0o700 and _mode(shared.path / "master.bin") == 0o600
+    assert _mode(shared.path / OWNER_FILE) == 0o600
+    assert shared.check_file("master.bin", 64) == shared.path / "master.bin"
+    assert SharedDir.attach(shared.path).path == shared.path
+
+
+def test_planted_or_loose_state_is_refused(tmp_path):
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o755)
+    os.chmod(loose, 0o755)
+    with pytest.raises(SlideDPError, match="already exists"):
+        SharedDir.create(loose, os.getpid(), tmp_path)  # someone created it first: never reuse
+    with pytest.raises(SlideDPError, match="mode 700"):
+        SharedDir.attach(loose)
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    with pytest.raises(SlideDPError, match="symlink"):
+        SharedDir.attach(link)
+    shared = SharedDir.create(tmp_path / "s", os.getpid(), tmp_path)
+    (tmp_path / "victim").write_bytes(b"x")
+    (shared.path / "exp_avg.bin").symlink_to(tmp_path / "victim")  # a write redirected through a symlink
+    with pytest.raises(FileExistsError):
+        shared.create_file("exp_avg.bin", 64)
+    with pytest.raises(SlideDPError, match="symlink"):
+        shared.check_file("exp_avg.bin", 1)
+    assert (tmp_path / "victim").read_bytes() == b"x"
+    with shared.create_file("master.bin", 64):
+        pass
+    with pytest.raises(SlideDPError, match="holds 64 bytes"):
+        shared.check_file("master.bin", 128)
+
+
+def test_state_name_is_per_user_and_unpredictable():
+    a, b = state_dir("00" * 8), state_dir("ff" * 8)
+    assert a.name.startswith(f"{PREFIX}{os.getuid()}-") and a != b
+
+
+def test_stale_state_is_listed_and_removed_only_when_its_launcher_is_gone(tmp_path, monkeypatch, capsys):
+    import slidedp.runtime.shared_dir as sd
+
+    monkeypatch.setattr(sd, "SHM_ROOT", tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = SharedDir.create(sd.state_dir("aa" * 8, tmp_path), dead.pid, tmp_path / "run-a")
+    with stale.create_file("master.bin", 4096):
+        pass
+    live = SharedDir.create(sd.state_dir("bb" * 8, tmp_path), os.getpid(), tmp_path / "run-b")
+    found = sd.stale_states(tmp_path)
+    assert [s.path for s in found] == [stale.path] and found[0].bytes >= 4096
+    monkeypatch.setattr(sd, "stale_states", lambda root=tmp_path: stale_states(root))
+    assert main(["clean"]) == 0 and "clean --remove" in capsys.readouterr().out
+    assert stale.path.exists()
+    assert main(["clean", "--remove"]) == 0 and "removed 1 directory" in capsys.readouterr().out
+    assert not stale.path.exists() and live.path.exists()
+
+
+def test_one_live_run_per_run_directory(tmp_path):
+    lock = RunLock(tmp_path / "run")
+    with pytest.raises(SlideDPError, match=f"in use by another slidedp run \\(pid {os.getpid()}\\)"):
+        RunLock(tmp_path / "run")
+    lock.release()
+    RunLock(tmp_path / "run").release()
+
+
+def _my_state_dirs() -> set[Path]:
+    return set(Path("/dev/shm").glob(f"{PREFIX}{os.getuid()}-*"))
+
+
+def _launch(tmp_path, out, *extra, env=None) -> subprocess.Popen:
+    (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
+    (tmp_path / "data.txt").write_text("streaming layers through a shared host state " * 60)
+    cmd = [sys.executable, "-m", "slidedp.cli", "train", "--model", str(tmp_path / "tiny.json"), "--data",
+           str(tmp_path / "data.txt"), "--seq", "16", "--device", "cpu", "--nproc", "2", "--batch", "2",
+           "--out", str(out), *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+def _ranks_of(launcher_pid: int) -> list[int]:
+    """Every process whose environment names this launcher (torchrun and the ranks)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        if f"SLIDEDP_LAUNCHER_PID={launcher_pid}".encode() in environ:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _wait_for_state(before: set[Path], deadline: float = 90.0) -> None:
+    t0 = time.monotonic()
+    while not (_my_state_dirs() - before):
+        assert time.monotonic() - t0 < deadline, "the run never created its shared state"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_launcher_stops_every_rank_and_removes_the_state(tmp_path, sig):
+    before = _my_state_dirs()
+    proc = _launch(tmp_path, tmp_path / "run", "--steps", "500")
+    _wait_for_state(before)
+    created = _my_state_dirs() - before
+    assert all(_mode(p) == 0o700 for p in created)
+    time.sleep(1.0)
+    os.kill(proc.pid, sig)
+    _, err = proc.communicate(timeout=60)
+    # torchrun logs its own shutdown above; the launcher's one line closes the output
+    assert proc.returncode == 130 and err.strip().splitlines()[-1].startswith("slidedp: interrupted")
+    time.sleep(0.5)
+    assert not _ranks_of(proc.pid) and not (_my_state_dirs() & created)
+
+
+def test_a_second_run_on_the_same_run_directory_refuses(tmp_path):
+    before = _my_state_dirs()
+    first = _launch(tmp_path, tmp_path / "run", "--steps", "500")
+    try:
+        _wait_for_state(before)
+        second = _launch(tmp_path, tmp_path / "run", "--steps", "1")
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 2 and "in use by another slidedp run" in err
+    finally:
+        os.kill(first.pid, signal.SIGTERM)
+        first.communicate(timeout=60)
+    assert not (_my_state_dirs() - before)
+
+
+def test_a_killed_launcher_takes_its_ranks_along_and_leaves_state_that_clean_finds(tmp_path):
+    before = _my_state_dirs()
+    proc = _launch(tmp_path, tmp_path / "run", "--steps", "500")
+    _wait_for_state(before)
+    left = _my_state_dirs() - before
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGKILL)  # nothing can clean up after this: the ranks must still not live on
+    proc.communicate(timeout=60)
+    t0 = time.monotonic()
+    while _ranks_of(proc.pid) and time.monotonic() - t0 < 60:
+        time.sleep(0.5)
+    assert not _ranks_of(proc.pid)
+    stale = {s.path for s in stale_states()}
+    assert left <= stale
+    for path in left:
+        SharedDir(path).remove()
+    assert not (_my_state_dirs() & left)
+
+
+def test_a_killed_rank_leaves_no_state_behind(tmp_path):
+    before = _my_state_dirs()
+    fault = {"SLIDEDP_FAULT_RANK": "1", "SLIDEDP_FAULT_STEP": "2"}  # rank 1 SIGKILLs itself at step 2
+    proc = _launch(tmp_path, tmp_path / "run", "--steps", "4", env=fault)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "a rank failed" in err
+    assert not (_my_state_dirs() - before) and not _ranks_of(proc.pid)
