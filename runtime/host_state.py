@@ -9,9 +9,7 @@ GPU is used, so PyTorch's power-of-two pinned-allocator rounding never applies.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +17,11 @@ from pathlib import Path
 import torch
 
 from slidedp.errors import SlideDPError
+from slidedp.runtime import checkpoint_files
 from slidedp.runtime.hf_adapter import ModelAdapter
 from slidedp.runtime.shared_dir import SharedDir
 
-STATE_FILE = "state.safetensors"
 FAULT_KILL_IN_SAVE = "SLIDEDP_FAULT_KILL_IN_SAVE"  # tests: the data step whose checkpoint write is killed
-META_FILE = "meta.json"
 
 
 def _register(t: torch.Tensor) -> None:
@@ -165,43 +162,29 @@ class HostState:
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
     def save(self, directory: Path, meta: dict) -> None:
-        """Atomically write master, m, v and ``meta``: a temp directory renamed into place, so a crash
-        mid-write leaves the previous checkpoint untouched."""
-        from safetensors.torch import save_file
+        """Atomically write master, m, v and ``meta`` (runtime.checkpoint_files: temp directory, fsync, rename,
+        digest), so a crash, a kill or a full disk mid-write leaves the previous checkpoint untouched."""
+        def maybe_die() -> None:
+            if os.environ.get(FAULT_KILL_IN_SAVE) == str(meta.get("data_step")):
+                os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die with the new checkpoint half-written
 
-        directory = Path(directory)
-        for stale in directory.parent.glob(directory.name + ".tmp-*"):  # left by a writer that was killed
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = directory.with_name(directory.name + f".tmp-{os.getpid()}")
-        tmp.mkdir(parents=True)
-        save_file({"master": self.master, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq},
-                  str(tmp / STATE_FILE))
-        if os.environ.get(FAULT_KILL_IN_SAVE) == str(meta.get("data_step")):
-            os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die with the new checkpoint half-written
-        (tmp / META_FILE).write_text(json.dumps({**meta, "optimizer_step": self.step}, indent=2))
-        with open(tmp / META_FILE) as fh:
-            os.fsync(fh.fileno())
-        old = directory.with_name(directory.name + f".old-{os.getpid()}")
-        if directory.exists():
-            directory.rename(old)
-        tmp.rename(directory)
-        if old.exists():
-            shutil.rmtree(old)
+        checkpoint_files.write(Path(directory), {name: getattr(self, name) for name in checkpoint_files.TENSORS},
+                               {**meta, "optimizer_step": self.step}, before_meta=maybe_die)
 
     def load(self, directory: Path) -> dict:
-        from safetensors.torch import load_file
+        """Fill master, m and v from a checkpoint that :func:`checkpoint_files.verify` accepts; non-finite
+        values are refused (a resumed NaN would skip every later step)."""
+        from safetensors import safe_open
 
         directory = Path(directory)
-        if not (directory / STATE_FILE).exists() or not (directory / META_FILE).exists():
-            raise SlideDPError(f"{str(directory)!r} is not a SlideDP checkpoint (missing {STATE_FILE} or {META_FILE})")
-        tensors = load_file(str(directory / STATE_FILE))
-        for name in ("master", "exp_avg", "exp_avg_sq"):
-            src, dst = tensors[name], getattr(self, name)
-            if src.shape != dst.shape:
-                raise SlideDPError(f"checkpoint {str(directory)!r} holds {src.numel()} parameters, "
-                                   f"the model has {dst.numel()}")
-            dst.copy_(src)
-        meta = json.loads((directory / META_FILE).read_text())
+        meta = checkpoint_files.verify(directory, self.master.numel())
+        with safe_open(str(directory / checkpoint_files.STATE_FILE), framework="pt") as fh:
+            for name in checkpoint_files.TENSORS:
+                dst = getattr(self, name)
+                dst.copy_(fh.get_tensor(name))
+                if not bool(torch.isfinite(dst).all()):
+                    raise SlideDPError(f"checkpoint {str(directory)!r}: {name} holds non-finite values; refusing "
+                                       f"to resume from it")
         self.step = int(meta["optimizer_step"])
         self.refresh_slot()
         return meta

@@ -25,6 +25,7 @@ from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.report.rundir import write_run_dir
 from slidedp.run_summary import RunSummary
+from slidedp.runtime import checkpoint_files
 from slidedp.runtime.comm import Comm
 from slidedp.runtime.data import PackedData, load_data
 from slidedp.runtime.device import Device
@@ -123,8 +124,7 @@ class Trainer:
         if s.seq > getattr(self.config, "max_position_embeddings", s.seq):
             raise SlideDPError(f"--seq {s.seq} exceeds the model's max_position_embeddings "
                                f"{self.config.max_position_embeddings}")
-        if s.resume is not None and not Path(s.resume).is_dir():
-            raise SlideDPError(f"--resume {s.resume!r}: no such checkpoint directory")
+        self.resume_meta = self._check_resume() if s.resume is not None else None
         self.memory = estimate_memory(self.workload)
         gpu_budget = (s.gpu_budget_gib if s.gpu_budget_gib is not None else s.hardware.gpu.memory_gib) * GIB
         host_budget = (s.host_limit_gib * GIB) if s.host_limit_gib is not None else _meminfo_available()
@@ -138,6 +138,28 @@ class Trainer:
             raise SlideDPError("preflight: " + "; ".join(problems))
         self.gpu_budget = gpu_budget
         self.data: PackedData = load_data(s.data, s.tokenizer, self.config.vocab_size, s.seq, self.per_step, s.seed)
+
+    def _check_resume(self) -> dict:
+        """The checkpoint to resume from, verified before anything is allocated (digest, header, sizes), with
+        an interrupted save of it finished or undone first; a different model is refused, other differences
+        from the run it came from are stated."""
+        s = self.spec
+        path = Path(s.resume)
+        for line in checkpoint_files.recover(path):
+            self.log(f"checkpoint: {line}")
+        if not path.is_dir():
+            raise SlideDPError(f"--resume {s.resume!r}: no such checkpoint directory")
+        meta = checkpoint_files.verify(path, self.model_spec.total_params)
+        saved_spec = meta.get("model_spec")
+        if saved_spec is not None and {k: v for k, v in saved_spec.items() if k != "name"} != \
+                {k: v for k, v in self.model_spec.to_dict().items() if k != "name"}:
+            raise SlideDPError(f"--resume {s.resume!r} holds another model ({saved_spec.get('name')}: "
+                               f"{saved_spec.get('layers')} layers, hidden {saved_spec.get('hidden')}); refusing")
+        now = {"world": s.world, "seq": s.seq, "batch": self.per_step, "policy": s.policy.to_dict()}
+        for key, value in now.items():
+            if key in meta and meta[key] != value:
+                self.log(f"resume: {key} differs from the checkpoint's run ({meta[key]!r:.60} then, {value!r:.60} now)")
+        return meta
 
     # ---- the run ----------------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
@@ -165,6 +187,9 @@ class Trainer:
         engine = StreamingEngine(config, adapter, self.model_spec, host, device, TraceRecorder(device, rank=comm.rank),
                                  comm)
         s.out.mkdir(parents=True, exist_ok=True)
+        if comm.rank == 0:  # a save of this run directory's checkpoint that a kill interrupted
+            for line in checkpoint_files.recover(s.out / "checkpoint"):
+                self.log(f"checkpoint: {line}")
         metrics_path = s.out / "metrics.csv"
         fresh = not (s.resume and metrics_path.exists())
         try:
@@ -294,8 +319,10 @@ class Trainer:
         engine.flush()
         comm.barrier()  # every owner has applied its updates
         if comm.rank == 0:
-            host.save(self.spec.out / "checkpoint", {"data_step": data_step, "policy": self.spec.policy.to_dict(),
-                                                     "world": comm.world})
+            s = self.spec
+            host.save(s.out / "checkpoint", {"data_step": data_step, "policy": s.policy.to_dict(), "world": comm.world,
+                                             "seq": s.seq, "batch": self.per_step,
+                                             "model_spec": self.model_spec.to_dict()})
         comm.barrier()
 
     def _summary(self, last: StepStats, times: list[float], device: Device, host: HostState,

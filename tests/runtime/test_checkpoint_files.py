@@ -1,0 +1,102 @@
+"""Checkpoints: verified before a resume allocates anything, every corruption one line and exit 2, interrupted
+saves finished or undone, a full disk keeps the previous checkpoint."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from slidedp.errors import SlideDPError
+from slidedp.runtime import checkpoint_files as cf
+from tests.runtime.helpers import run_cli_train
+
+
+def _tensors(n: int = 10) -> dict[str, torch.Tensor]:
+    return {name: torch.arange(n, dtype=torch.float32) + i for i, name in enumerate(cf.TENSORS)}
+
+
+def test_write_then_verify_and_leftovers_are_recovered(tmp_path):
+    ckpt = tmp_path / "checkpoint"
+    cf.write(ckpt, _tensors(), {"data_step": 3, "optimizer_step": 3})
+    assert cf.verify(ckpt, 10)["data_step"] == 3
+    # A save killed between its two renames: only the moved-aside old checkpoint is left.
+    ckpt.rename(tmp_path / "checkpoint.old-123")
+    (tmp_path / "checkpoint.tmp-456").mkdir()
+    done = cf.recover(ckpt)
+    assert ckpt.is_dir() and not list(tmp_path.glob("checkpoint.*-*")) and len(done) == 2
+    with pytest.raises(SlideDPError, match="holds"):
+        cf.verify(ckpt, 11)
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    ckpt = tmp_path / "checkpoint"
+    cf.write(ckpt, _tensors(), {"data_step": 1, "optimizer_step": 1})
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("safetensors.torch.save_file", full)
+    with pytest.raises(SlideDPError, match="the disk is full; the previous checkpoint is kept"):
+        cf.write(ckpt, _tensors(), {"data_step": 2, "optimizer_step": 2})
+    assert cf.verify(ckpt, 10)["data_step"] == 1 and not list(tmp_path.glob("checkpoint.tmp-*"))
+
+
+def _corrupt(ckpt, how: str, tmp_path) -> None:
+    state, meta = ckpt / cf.STATE_FILE, ckpt / cf.META_FILE
+    data = state.read_bytes()
+    if how == "truncated":
+        state.write_bytes(data[: len(data) // 2])
+    elif how == "emptied":
+        state.write_bytes(b"")
+    elif how == "header":
+        state.write_bytes(b"\xff" * 16 + data[16:])
+    elif how == "flipped":
+        state.write_bytes(data[:-8] + bytes(b ^ 0xFF for b in data[-8:]))
+    elif how == "meta-broken":
+        meta.write_text("{not json")
+    elif how == "meta-missing-key":
+        meta.write_text(json.dumps({"data_step": 1}))
+    elif how == "nan":  # values replaced and the digest rewritten: only the finiteness check can catch it
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(state))
+        tensors["master"][0] = float("nan")
+        save_file(tensors, str(state))
+        m = json.loads(meta.read_text())
+        m["state_blake2b"] = cf.digest(state)
+        meta.write_text(json.dumps(m))
+    elif how == "other-model":  # a checkpoint of another architecture (here: another FFN width)
+        m = json.loads(meta.read_text())
+        m["model_spec"]["ffn"] = 72
+        meta.write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("how", ["truncated", "emptied", "header", "flipped", "meta-broken", "meta-missing-key",
+                                 "nan", "other-model"])
+def test_a_corrupted_checkpoint_is_one_line_and_exit_2(tmp_path, how):
+    out = tmp_path / "run"
+    ok = run_cli_train(tmp_path, out, "--steps", "1", "--batch", "2", "--seq", "16")
+    assert ok.returncode == 0, ok.stderr[-1500:]
+    ckpt = tmp_path / "saved"
+    shutil.copytree(out / "checkpoint", ckpt)
+    _corrupt(ckpt, how, tmp_path)
+    resumed = run_cli_train(tmp_path, tmp_path / "again", "--steps", "1", "--batch", "2", "--resume", str(ckpt))
+    err = resumed.stderr.strip().splitlines()
+    assert resumed.returncode == 2, resumed.stderr[-1500:]
+    assert err[-1].startswith("slidedp: error:") and "Traceback" not in resumed.stderr
+    assert not (tmp_path / "again" / "metrics.csv").exists()
+
+
+def test_resume_states_what_differs_from_the_checkpoints_run(tmp_path):
+    out = tmp_path / "run"
+    assert run_cli_train(tmp_path, out, "--steps", "1", "--batch", "2").returncode == 0
+    again = run_cli_train(tmp_path, tmp_path / "again", "--steps", "1", "--batch", "4", "--resume",
+                          str(out / "checkpoint"))
+    assert again.returncode == 0, again.stderr[-1500:]
+    assert "resume: batch differs from the checkpoint's run (2 then, 4 now)" in again.stderr
+    assert os.path.isdir(tmp_path / "again" / "checkpoint")
