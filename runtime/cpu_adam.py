@@ -9,7 +9,12 @@ first use with torch.utils.cpp_extension (g++ and OpenMP); where that fails the 
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -73,17 +78,55 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}
 
 
+BUILD_WAIT_S = 300.0  # how long a run waits for another process's build of the kernel before falling back
+
+
+def build_directory() -> Path:
+    """Where the kernel is built (under TORCH_EXTENSIONS_DIR, or torch's default cache)."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions")
+    path = Path(root) / "slidedp_cpu_adam"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def locked_build(build: Callable[[str], object], wait_s: float = BUILD_WAIT_S):
+    """Run ``build(directory)`` under an exclusive flock of the build directory, waiting at most ``wait_s``.
+
+    torch's own build lock is a plain file that a builder killed mid-compile leaves behind, after which every
+    later build waits forever. A flock is released by the kernel when its holder dies, so holding ours means
+    no other slidedp process is building, and a torch lock file found then is stale: it is removed."""
+    directory = build_directory()
+    fd = os.open(directory / "slidedp-build.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another process has been building the kernel in {directory} for over "
+                                       f"{wait_s:.0f} s") from None
+                time.sleep(0.2)
+        (directory / "lock").unlink(missing_ok=True)  # torch's FileBaton, left by a builder that was killed
+        return build(str(directory))
+    finally:
+        os.close(fd)
+
+
 def fused_kernel():
-    """The compiled module, or None when no compiler is available (then callers use torch's path)."""
+    """The compiled module, or None when it cannot be built now (no compiler, or another build holds the lock
+    too long): then callers use torch's path, and fused_kernel_error() says why."""
     with _lock:
         if "module" not in _state:
             try:
                 from torch.utils.cpp_extension import load_inline
 
-                _state["module"] = load_inline(name="slidedp_cpu_adam", cpp_sources=[_SOURCE],
-                                               extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-fopenmp"],
-                                               extra_ldflags=["-fopenmp"], verbose=False)
-            except Exception as exc:  # no compiler, no headers: fall back, and say why once
+                _state["module"] = locked_build(lambda directory: load_inline(
+                    name="slidedp_cpu_adam", cpp_sources=[_SOURCE], build_directory=directory,
+                    extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                    verbose=False))
+            except Exception as exc:  # no compiler, no headers, a build that never ends: fall back, say why once
                 _state["module"] = None
                 _state["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return _state["module"]

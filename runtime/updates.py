@@ -9,6 +9,7 @@ guard against reading a gradient before its D2H finished.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from collections.abc import Callable
 
@@ -109,6 +110,9 @@ class HostUpdater:
             self._kernel = fused_kernel()
             if self._kernel is None and fused_adam:
                 raise SlideDPError(f"the fused CPU AdamW kernel did not compile: {fused_kernel_error()}")
+            if self._kernel is None:
+                print(f"slidedp: warning: the one-pass CPU AdamW kernel is unavailable ({fused_kernel_error()}); "
+                      f"using torch's AdamW and a separate cast (slower)", file=sys.stderr)
         self._scratch = torch.empty(table.largest_chunk, dtype=torch.float32)  # the worker's fp32 gradient
         self._deferred: tuple[float, float, int] | None = None  # (lr, clip coefficient, step) for next forward
         self.nonfinite_chunks = 0  # as_ready only: chunks whose update was skipped for a non-finite gradient
