@@ -48,15 +48,25 @@ def load_tokenizer(path: str | None, vocab_size: int):
     return tok
 
 
+MAX_DATA_BYTES = 8 * 2**30  # text read and tokenized in memory at start
+
+
 def _documents(path: Path):
     files = sorted(p for p in path.rglob("*") if p.suffix in (".txt", ".jsonl", ".json")) if path.is_dir() else [path]
     if not files:
         raise SlideDPError(f"data {str(path)!r}: no .txt or .jsonl files")
+    total = 0
     for f in files:
+        if not f.is_file():  # /dev/zero, a FIFO: reads that never end
+            raise SlideDPError(f"data {str(f)!r} is not a regular file")
+        total += f.stat().st_size
+        if total > MAX_DATA_BYTES:
+            raise SlideDPError(f"data {str(path)!r} holds more than {MAX_DATA_BYTES / 2**30:.0f} GiB of text; this "
+                               f"loader tokenizes in memory: split it or pre-tokenize")
         try:
             text = f.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise SlideDPError(f"data {str(f)!r}: cannot read ({exc})") from None
+            raise SlideDPError(f"data {str(f)!r}: cannot read ({type(exc).__name__}: {str(exc)[:80]})") from None
         if f.suffix in (".jsonl", ".json"):
             for n, line in enumerate(text.splitlines(), start=1):
                 if not line.strip():
@@ -65,6 +75,8 @@ def _documents(path: Path):
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise SlideDPError(f"data {f.name} line {n}: not JSON ({exc.msg})") from None
+                except RecursionError:
+                    raise SlideDPError(f"data {f.name} line {n}: JSON nested too deeply") from None
                 if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                     raise SlideDPError(f"data {f.name} line {n}: expected an object with a 'text' string")
                 yield record["text"]

@@ -8,13 +8,14 @@ the transformers implementation (attention, RoPE, norms) without owning its memo
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from slidedp.config_io import quote, read_mapping
 from slidedp.errors import SlideDPError
 from slidedp.model_spec import ModelSpec
 
@@ -64,21 +65,24 @@ def load_hf_config(source: str, attn_implementation: str = "sdpa"):
         if not path.is_file():
             raise SlideDPError(f"model {source!r}: not a preset nor a directory/config.json that exists")
         try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise SlideDPError(f"model {source!r}: cannot read config.json ({exc})") from None
-        if not isinstance(data, dict):
-            raise SlideDPError(f"model {source!r}: config.json must hold an object")
+            data = read_mapping(path, "model config")
+        except SlideDPError as exc:
+            raise SlideDPError(f"model {source!r}: cannot read config.json ({str(exc).split(': ', 1)[-1]})") from None
     model_type = data.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise SlideDPError(f"model {source!r}: model_type {model_type!r} is not supported "
                            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
     ModelSpec.from_hf_config(data, name=str(source))  # same validation as the simulator's specs
+    for key, low in (("rope_theta", 0.0), ("rms_norm_eps", 0.0)):  # a zero or negative one trains NaN
+        value = data.get(key)
+        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value) or value <= low):
+            raise SlideDPError(f"model {source!r}: {key} must be a finite number > {low:g}, got {quote(value)}")
     fields = {k: v for k, v in data.items() if k != "model_type"}
     try:
         cfg = CONFIG_MAPPING[model_type](**fields)
-    except (TypeError, ValueError) as exc:
-        raise SlideDPError(f"model {source!r}: invalid config ({exc})") from None
+    except Exception as exc:  # transformers validates with several exception types of its own
+        raise SlideDPError(f"model {source!r}: invalid config ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0][:120] if str(exc) else ''})") from None
     cfg._attn_implementation = attn_implementation
     return cfg
 

@@ -29,8 +29,16 @@ class OptimConfig:
     min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
-        if not self.lr > 0 or self.weight_decay < 0 or not 0 <= self.beta1 < 1 or not 0 <= self.beta2 < 1:
-            raise SlideDPError("optimizer: lr must be > 0, weight_decay >= 0 and betas in [0, 1)")
+        # Every value finite and in a sane range: a NaN weight decay or an lr of 1e300 would write non-finite
+        # values into every master weight on the first step.
+        values = (self.lr, self.weight_decay, self.beta1, self.beta2, self.eps, self.min_lr_ratio,
+                  self.max_grad_norm if self.max_grad_norm is not None else 1.0)
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            raise SlideDPError("optimizer: lr, weight decay, betas, eps, min-lr ratio and max grad norm must be finite")
+        if not 0 < self.lr <= 1 or not 0 <= self.weight_decay <= 10 or not 0 <= self.beta1 < 1 \
+                or not 0 <= self.beta2 < 1 or not 0 < self.eps <= 1:
+            raise SlideDPError("optimizer: lr must be in (0, 1], weight_decay in [0, 10], betas in [0, 1) "
+                               "and eps in (0, 1]")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise SlideDPError("optimizer: max_grad_norm must be positive (or omitted)")
         if self.warmup_steps < 0 or self.total_steps < 1 or not 0 <= self.min_lr_ratio <= 1:

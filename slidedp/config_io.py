@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from pathlib import Path
@@ -19,16 +20,41 @@ from slidedp.errors import SlideDPError
 
 T = TypeVar("T")
 
+MAX_INT = 10**15  # no count or size in a config is larger; 5,000-digit integers are refused before any use
+MAX_CONFIG_BYTES = 4 * 2**20  # policies and profiles are a few KB; a larger file is not a config
+MAX_ALIASES = 64  # YAML anchors are fine; thousands of alias uses are an expansion bomb
+QUOTE_CHARS = 60
+
+
+def quote(value: Any) -> str:
+    """A bad value as an error message shows it: its repr, cut to a short prefix (never megabytes)."""
+    text = repr(value)
+    return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + f"... ({len(text)} chars)"
+
 
 def read_mapping(path: str | Path, what: str) -> dict:
     """Parse a YAML or JSON file that must hold a mapping."""
     path = Path(path)
     try:
+        if path.exists() and not path.is_file():  # /dev/zero, a FIFO, a directory
+            raise SlideDPError(f"{what} {str(path)!r} is not a regular file")
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise SlideDPError(f"{what} file {str(path)!r} is larger than {MAX_CONFIG_BYTES // 2**20} MiB: "
+                               f"not a configuration")
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise SlideDPError(f"cannot read {what} file {str(path)!r}: {exc.strerror or exc}") from None
+        raise SlideDPError(f"cannot read {what} file {str(path)!r}: {getattr(exc, 'strerror', None) or exc}") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            aliases = sum(isinstance(t, yaml.AliasToken) for t in yaml.scan(text, Loader=yaml.SafeLoader))
+            if aliases > MAX_ALIASES:
+                raise SlideDPError(f"{what} file {str(path)!r} uses {aliases} YAML aliases (at most {MAX_ALIASES}): "
+                                   f"refusing an expansion bomb")
+            data = yaml.safe_load(text)
+    except RecursionError:
+        raise SlideDPError(f"malformed {what} file {str(path)!r}: nested too deeply") from None
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SlideDPError(f"malformed {what} file {str(path)!r}: {first}") from None
@@ -58,7 +84,7 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
     if origin is typing.Literal:
         if value not in args:
             choices = ", ".join(repr(a) for a in args)
-            raise SlideDPError(f"{where}: {value!r} is not one of {choices}")
+            raise SlideDPError(f"{where}: {quote(value)} is not one of {choices}")
         return value
     if dataclasses.is_dataclass(hint):
         return from_mapping(hint, value, where)
@@ -74,19 +100,22 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
         return {_convert(k, kt, f"{where} key") : _convert(v, vt, f"{where}[{k}]") for k, v in value.items()}
     if hint is bool:
         if not isinstance(value, bool):
-            raise SlideDPError(f"{where}: expected true/false, got {value!r}")
+            raise SlideDPError(f"{where}: expected true/false, got {quote(value)}")
         return value
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SlideDPError(f"{where}: expected an integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_INT:
+            raise SlideDPError(f"{where}: expected an integer (at most {MAX_INT:.0e}), got {quote(value)}")
         return value
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SlideDPError(f"{where}: expected a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, int)
+                                                                             and abs(value) > MAX_INT):
+            raise SlideDPError(f"{where}: expected a number, got {quote(value)}")
+        if not math.isfinite(float(value)):
+            raise SlideDPError(f"{where}: expected a finite number, got {quote(value)}")
         return float(value)
     if hint is str:
         if not isinstance(value, str):
-            raise SlideDPError(f"{where}: expected a string, got {value!r}")
+            raise SlideDPError(f"{where}: expected a string, got {quote(value)}")
         return value
     return value
 
@@ -99,7 +128,7 @@ def from_mapping(cls: type[T], data: Any, where: str) -> T:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(str(k) for k in set(data) - set(fields))
     if unknown:
-        raise SlideDPError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(fields)})")
+        raise SlideDPError(f"{where}: unknown key {quote(unknown[0])} (known: {', '.join(fields)})")
     kwargs = {}
     for name, field in fields.items():
         if name not in data:

@@ -7,6 +7,7 @@ Rates are stored in human units (GB/s, TFLOP/s, G params/s) because people edit 
 from __future__ import annotations
 
 import bisect
+import math
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,19 +19,20 @@ from slidedp.errors import SlideDPError
 
 GB = 1e9
 GIB = 1024**3
+MIN_RATE = 1e-6  # GB/s, TFLOP/s, G params/s, GiB: anything smaller is a typo that would stall the simulator
 
 
 def _positive(where: str, **values: float) -> None:
     for name, value in values.items():
-        if not value > 0:
-            raise SlideDPError(f"{where}.{name} must be positive, got {value!r}")
+        if not (value >= MIN_RATE and math.isfinite(value)):
+            raise SlideDPError(f"{where}.{name} must be positive and finite (at least {MIN_RATE:g}), got {value!r}")
 
 
 def _check_curve(where: str, curve: dict[int, float]) -> None:
     if not curve:
         raise SlideDPError(f"{where} needs at least one threads: rate point")
     for threads, rate in curve.items():
-        if threads <= 0 or not rate > 0:
+        if threads <= 0 or not (rate >= MIN_RATE and math.isfinite(rate)):
             raise SlideDPError(f"{where}: threads and rates must be positive, got {threads}: {rate}")
 
 
@@ -107,7 +109,8 @@ class GPUSpec:
         _positive("gpu", memory_gib=self.memory_gib, h2d_gbps=self.h2d_gbps, d2h_gbps=self.d2h_gbps,
                   duplex_gbps=self.duplex_gbps, matmul_tflops=self.matmul_tflops,
                   attention_tflops=self.attention_tflops)
-        if self.pcie_latency_us < 0 or self.layer_overhead_us < 0 or self.half_efficiency_tokens < 0:
+        if not all(0 <= v < math.inf for v in (self.pcie_latency_us, self.layer_overhead_us,
+                                               self.half_efficiency_tokens, self.reserve_gib)):
             raise SlideDPError("gpu: latencies, overheads and half_efficiency_tokens must be >= 0")
         if self.reserve_gib < 0 or self.reserve_gib >= self.memory_gib:
             raise SlideDPError("gpu.reserve_gib must be >= 0 and below memory_gib")

@@ -6,15 +6,19 @@ unit, FLOPs per token, activation bytes per token. Keeping them here means the t
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 
 from slidedp import compute as c
+from slidedp.config_io import quote, read_mapping
 from slidedp.errors import SlideDPError
 
 BF16_BYTES = 2
+# Upper bounds on a model's sizes, far above any real model: a config asking for more is a mistake (or an
+# attack), refused before anything is allocated from it.
+SIZE_BOUNDS: dict[str, int] = {"layers": 4096, "hidden": 2**18, "ffn": 2**20, "heads": 2**12, "kv_heads": 2**12,
+                               "head_dim": 2**12, "vocab": 2**24}
 
 
 @dataclass(frozen=True)
@@ -34,10 +38,11 @@ class ModelSpec:
     attn_bias: bool = False
 
     def __post_init__(self) -> None:
-        for field in ("layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", "vocab"):
+        for field, bound in SIZE_BOUNDS.items():
             value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise SlideDPError(f"model {self.name!r}: {field} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= bound:
+                raise SlideDPError(f"model {quote(self.name)}: {field} must be a positive integer (at most "
+                                   f"{bound}), got {quote(value)}")
         if self.heads % self.kv_heads != 0:
             raise SlideDPError(
                 f"model {self.name!r}: heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})"
@@ -178,7 +183,7 @@ class ModelSpec:
     def from_hf_config(cls, cfg: dict, name: str = "custom") -> ModelSpec:
         """Build from a Hugging Face config.json dict (Llama, Mistral, Qwen2/2.5, Qwen3)."""
         if not isinstance(cfg, dict):
-            raise SlideDPError(f"model {name!r}: config must be a JSON object")
+            raise SlideDPError(f"model {quote(name)}: config must be a JSON object")
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
@@ -198,7 +203,8 @@ class ModelSpec:
         except KeyError as exc:
             raise SlideDPError(f"model {name!r}: config.json lacks required key {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
-            raise SlideDPError(f"model {name!r}: config.json has a non-numeric size ({exc})") from None
+            raise SlideDPError(f"model {quote(name)}: config.json has a non-numeric size "
+                               f"({str(exc)[:80]})") from None
         return spec
 
 
@@ -216,7 +222,7 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
         known = ", ".join(sorted(MODEL_PRESETS))
         raise SlideDPError(f"unknown model {name_or_path!r}: not a preset ({known}) nor an existing config.json")
     try:
-        cfg = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SlideDPError(f"cannot read model config {str(path)!r}: {exc}") from None
+        cfg = read_mapping(path, "model config")
+    except SlideDPError as exc:
+        raise SlideDPError(f"cannot read model config {str(path)!r}: {str(exc).split(': ', 1)[-1]}") from None
     return ModelSpec.from_hf_config(cfg, name=path.parent.name or path.stem)
