@@ -95,7 +95,7 @@ class _PeerBuilder:
         done = {r: self.bwd[(u, r)] for r in range(self.n)}
         nbytes = step.grad_collective_bytes(u)
         if nbytes > 0:
-            op = "allreduce" if step.system.grad_collective == "all_reduce" else "reduce_scatter"
+            op = step.system.grad_op
             group = self._group()
             for r in range(self.n):
                 done[r] = self._collective(op, r, u, nbytes, [done[r]], group, "rs")
@@ -112,7 +112,7 @@ class _PeerBuilder:
         step, plan = self.step, self.plan
         backward_end = [self.grad_done[(u, r)] for u in range(self.count) for r in range(self.n)]
         backward_end += [plan.streams[f"gpu[{r}]"][-1] for r in range(self.n)]
-        if step.system.optimizer == "gpu":
+        if not step.system.updates_on_cpu:
             for r in range(self.n):
                 plan.add(op="gpu_adam", rank=r, stream=f"gpu[{r}]", resource=f"gpu[{r}]", amount=step.gpu_adam_s(),
                          flops=0.0, host_bytes=0.0, deps=backward_end, **_WHOLE)

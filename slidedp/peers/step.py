@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from functools import cached_property
 
+from slidedp.errors import SlideDPError
 from slidedp.hardware import HardwareProfile
 from slidedp.model_spec import ModelSpec
 from slidedp.peers.systems import PeerSystem
 from slidedp.policy import Policy
-from slidedp.resources import ADAM_HOST_BYTES_BASE, CAST_HOST_BYTES
+from slidedp.resources import ADAM_HOST_BYTES_BASE, CAST_HOST_BYTES, collective_usage
 from slidedp.workload import StepWorkload
 
 # The units the peers keep gathered from forward to backward: FSDP2's root group (embedding, final norm, head)
@@ -36,8 +37,6 @@ def peer_policy(per_rank_batch: int) -> Policy:
 
 def peer_workload(model: ModelSpec, hw: HardwareProfile, seq: int, batch: int) -> StepWorkload:
     """The workload a peer runs on ``hw``'s GPUs at global ``batch`` (which the GPU count must divide)."""
-    from slidedp.errors import SlideDPError
-
     if batch % hw.num_gpus:
         raise SlideDPError(f"batch {batch} is not divisible by the {hw.num_gpus} GPU(s)")
     return StepWorkload(model, hw, peer_policy(batch // hw.num_gpus), seq, batch)
@@ -76,7 +75,7 @@ class PeerStep:
     def params_per_rank(self) -> float:
         """Parameters whose optimizer state one rank updates: its 1/N partition, or all of them when replicated."""
         s = self.system
-        replicated = s.optimizer == "gpu" and not s.gpu_state_sharded
+        replicated = not s.updates_on_cpu and not s.gpu_state_sharded
         return self.w.model.total_params / (1 if replicated else self.n)
 
     @property
@@ -88,7 +87,7 @@ class PeerStep:
         return self.system.clip_host_bytes * self.params_per_rank
 
     def adam_host_bytes(self) -> float:
-        return self.adam_bytes_per_param * self.params_per_rank if self.system.optimizer == "cpu" else 0.0
+        return self.adam_bytes_per_param * self.params_per_rank if self.system.updates_on_cpu else 0.0
 
     def cast_host_bytes(self) -> float:
         return CAST_HOST_BYTES * self.params_per_rank if self.system.cast_after_step else 0.0
@@ -111,13 +110,13 @@ class PeerStep:
         return self.w.hw.host.cast_rate(self.w.adam_threads) * CAST_HOST_BYTES
 
     def gpu_adam_s(self) -> float:
-        if self.system.optimizer != "gpu":
+        if self.system.updates_on_cpu:
             return 0.0
         return self.params_per_rank / (self.w.hw.gpu.adam_gparams_per_s * 1e9)
 
     def check_rates(self) -> None:
         """Refuse before anything is simulated when the peer's CPU optimizer rate is not in the profile."""
-        if self.system.optimizer == "cpu":
+        if self.system.updates_on_cpu:
             self.adam_cap()
 
     # ---- factors ---------------------------------------------------------------------------------------------
@@ -128,7 +127,7 @@ class PeerStep:
     def _grad_collective_factor(self) -> float:
         s = self.system
         ring = (self.n - 1) / self.n * s.grad_collective_bytes
-        return 2 * ring if s.grad_collective == "all_reduce" else ring
+        return s.grad_ring_passes * ring
 
     # ---- closed form -----------------------------------------------------------------------------------------
     def closed_form_totals(self) -> dict[str, dict[str, float]]:
@@ -151,24 +150,21 @@ class PeerStep:
             out["allgather"] = _link_totals(w, gather)
         collective = n * self._grad_collective_factor * total
         if collective:
-            op = "allreduce" if s.grad_collective == "all_reduce" else "reduce_scatter"
-            out[op] = _link_totals(w, collective)
+            out[s.grad_op] = _link_totals(w, collective)
         if s.grad_d2h_bytes:
             d2h = s.grad_d2h_bytes * total
             out["d2h_grad"] = {"bytes": d2h, "host_bytes": d2h, "flops": 0.0}
         cpu = {"clip": s.clip_host_bytes * total,
-               "adam": (ADAM_HOST_BYTES_BASE + s.grad_d2h_bytes) * total if s.optimizer == "cpu" else 0.0,
+               "adam": (ADAM_HOST_BYTES_BASE + s.grad_d2h_bytes) * total if s.updates_on_cpu else 0.0,
                "cast": CAST_HOST_BYTES * total if s.cast_after_step else 0.0}
         for op, nbytes in cpu.items():
             if nbytes:
                 out[op] = {"bytes": nbytes, "host_bytes": nbytes, "flops": 0.0}
-        if s.optimizer == "gpu":
+        if not s.updates_on_cpu:
             out["gpu_adam"] = {"bytes": 0.0, "host_bytes": 0.0, "flops": 0.0}
         return out
 
 
 def _link_totals(w: StepWorkload, nbytes: float) -> dict[str, float]:
     """A collective's bytes; without peer access (``link.kind == host``) each byte also crosses host DRAM twice."""
-    from slidedp.resources import collective_usage
-
     return {"bytes": nbytes, "host_bytes": nbytes * collective_usage(w.hw, 0).get("hostmem", 0.0), "flops": 0.0}

@@ -90,6 +90,21 @@ class PeerSystem:
     def offloads_gradients(self) -> bool:
         return self.grad_d2h_bytes > 0
 
+    @property
+    def updates_on_cpu(self) -> bool:
+        """AdamW runs on the host after backward (otherwise fused AdamW on each GPU)."""
+        return self.optimizer == "cpu"
+
+    @property
+    def grad_op(self) -> str:
+        """The trace op of the gradient collective."""
+        return "allreduce" if self.grad_collective == "all_reduce" else "reduce_scatter"
+
+    @property
+    def grad_ring_passes(self) -> int:
+        """Ring passes of the gradient collective: an all-reduce is a reduce-scatter plus an all-gather."""
+        return 2 if self.grad_collective == "all_reduce" else 1
+
 
 SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
     PeerSystem(

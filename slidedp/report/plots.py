@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from slidedp.peers.systems import SLIDEDP  # noqa: E402
 from slidedp.trace import EXPOSURE_CATEGORIES  # noqa: E402
 
 OP_COLORS = {
@@ -104,9 +105,9 @@ LIMITER_MARKERS = {"compute": "o", "h2d": "^", "d2h": "v", "collective": "D", "c
 def sweep_lines(sweep: pd.DataFrame) -> pd.Series:
     """The line each sweep row belongs to: its SlideDP policy, or its system where the sweep holds peers (SlideDP's
     rows then read ``slidedp (policy)``). Tables without a ``system`` column are SlideDP-only sweeps."""
-    if "system" not in sweep.columns or (sweep["system"] == "slidedp").all():
+    if "system" not in sweep.columns or (sweep["system"] == SLIDEDP).all():
         return sweep["policy"].astype(str)
-    return sweep.apply(lambda r: f"slidedp ({r.policy})" if r.system == "slidedp" else r.system, axis=1)
+    return sweep.apply(lambda r: f"{SLIDEDP} ({r.policy})" if r.system == SLIDEDP else r.system, axis=1)
 
 
 def sweep_plot(sweep: pd.DataFrame, stem: Path, title: str) -> pd.DataFrame:
