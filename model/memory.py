@@ -70,6 +70,29 @@ def _window_max(values: list[float], depth: int) -> float:
     return best
 
 
+def activation_bytes(w: StepWorkload) -> float:
+    """GPU bytes of the activations one rank holds at the start of backward under the policy's activation mode:
+    every layer's output (``keep``), the per-layer checkpoints plus one layer's working set (``recompute``), or
+    the checkpoints of the prefetch window plus one working set (``offload``). Shared with the peers' memory
+    models (slidedp.peers), which all recompute per decoder layer."""
+    m, pol = w.model, w.policy
+    ckpt = m.checkpoint_bytes_per_token() * w.tokens_per_rank
+    working = m.full_activation_bytes_per_token() * w.tokens_per_micro_batch
+    if pol.activation == "keep":
+        return m.layers * m.full_activation_bytes_per_token() * w.tokens_per_rank + ckpt
+    if pol.activation == "recompute":
+        return (m.layers + 1) * ckpt + working
+    return (pol.prefetch_depth + 1) * ckpt + working
+
+
+def loss_bytes(w: StepWorkload) -> float:
+    """GPU bytes of the chunked loss: one chunk's logits at LOGITS_BYTES_PER_ELEMENT, plus the hidden states
+    the head reads."""
+    m, pol = w.model, w.policy
+    ckpt = m.checkpoint_bytes_per_token() * w.tokens_per_rank
+    return min(pol.loss_chunk_tokens, w.tokens_per_micro_batch) * m.vocab * LOGITS_BYTES_PER_ELEMENT + ckpt
+
+
 def estimate_memory(w: StepWorkload) -> MemoryEstimate:
     m, pol, units = w.model, w.policy, w.units
     depth = pol.prefetch_depth
@@ -91,21 +114,15 @@ def estimate_memory(w: StepWorkload) -> MemoryEstimate:
         largest_unit = max(u.params for u in units)
         grads += 4 * largest_unit / w.ranks + 4 * largest_unit / w.chunks
 
-    ckpt = m.checkpoint_bytes_per_token() * w.tokens_per_rank
-    working = m.full_activation_bytes_per_token() * w.tokens_per_micro_batch
-    if pol.activation == "keep":
-        acts = m.layers * m.full_activation_bytes_per_token() * w.tokens_per_rank + ckpt
-    elif pol.activation == "recompute":
-        acts = (m.layers + 1) * ckpt + working
-    else:
-        acts = (depth + 1) * ckpt + working
-    loss = min(pol.loss_chunk_tokens, w.tokens_per_micro_batch) * m.vocab * LOGITS_BYTES_PER_ELEMENT + ckpt
+    acts = activation_bytes(w)
+    loss = loss_bytes(w)
 
     params = m.total_params
     state_per_param = 12 + (BF16_BYTES if pol.grad_dtype == "bf16" else BF16_BYTES + 4)
     # The per-rank gradient route lands each rank's copy of one unit's gradient in that rank's own buffer
     # until the owners have summed them (the runtime holds one unit per rank: a barrier per unit in backward).
     buffers = w.ranks * pol.grad_bytes * max(u.params for u in units) if w.routes.cpu_reduces else 0.0
+    ckpt = m.checkpoint_bytes_per_token() * w.tokens_per_rank
     host_acts = w.ranks * m.layers * ckpt if pol.activation == "offload" else 0.0
     return MemoryEstimate(
         gpu_weights=weights, gpu_grads=grads, gpu_activations=acts, gpu_loss=loss,

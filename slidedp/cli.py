@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="predict step time, throughput, bottleneck and exposure of one policy")
     add_problem_args(sim)
     sim.add_argument("--policy", help="policy YAML (default: sharded routes, recompute, micro-batch 1)")
+    sim.add_argument("--system", default="slidedp", metavar="NAME",
+                     help="slidedp (default) or a peer: " + ", ".join(_peer_names()))
     sim.add_argument("--trace", help="write the simulated trace (.json for Perfetto, .csv or .parquet)")
     sim.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
     sim.add_argument("--out", help="write a run directory (trace, exposure, summary, policy, hardware) here")
@@ -93,7 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "to the profile's)")
     sweep.add_argument("--policies", nargs="+", default=["sharded", "replicated"],
                        help="policy presets (sharded, replicated, sharded-as-ready, zero-offload-like) or YAML files")
-    sweep.add_argument("--analytical", action="store_true", help="use the analytical model only (fast)")
+    sweep.add_argument("--systems", nargs="+", default=["slidedp"], metavar="NAME",
+                       help="systems to sweep: slidedp (with each of --policies) and/or peers: "
+                       + ", ".join(_peer_names()))
+    sweep.add_argument("--analytical", action="store_true", help="use the analytical model only (fast; slidedp only)")
     sweep.add_argument("--out", default="sweep.csv", help="tidy table (.csv or .parquet; default sweep.csv)")
     sweep.set_defaults(func=_command("sweep", "run_sweep_command"))
 
@@ -156,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--out", help="write the table as CSV (for slidedp report --validation)")
     val.set_defaults(func=_command("validate", "run_validate"))
     return parser
+
+
+def _peer_names() -> list[str]:
+    from slidedp.peers.systems import SYSTEMS
+
+    return list(SYSTEMS)
 
 
 def _command(module: str, function: str) -> Callable[[argparse.Namespace], int]:

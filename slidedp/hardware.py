@@ -143,6 +143,10 @@ class HostSpec:
     # The optimizer kernel writes the bf16 copy for the next H2D in the same pass (SlideDP's one-pass
     # kernel): no separate cast pass, and the Adam rate above already includes that write.
     fused_cast: bool = False
+    # The CPU AdamW rates of the peers' optimizers (slidedp.peers), per implementation (e.g. ``torch_adamw_fused``,
+    # ``deepspeed_cpu_adam``) as a thread curve like ``adam_gparams_per_s``. Optional: a peer whose implementation
+    # is missing refuses to simulate rather than borrowing another kernel's rate.
+    peer_adam_gparams_per_s: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.cores <= 0:
@@ -151,6 +155,8 @@ class HostSpec:
         _check_curve("host.adam_gparams_per_s", self.adam_gparams_per_s)
         _check_curve("host.cast_gelems_per_s", self.cast_gelems_per_s)
         _check_curve("host.stream_gbps", self.stream_gbps)
+        for impl, curve in self.peer_adam_gparams_per_s.items():
+            _check_curve(f"host.peer_adam_gparams_per_s.{impl}", curve)
 
     def adam_rate(self, threads: int) -> float:
         """Parameters per second one optimizer worker with ``threads`` threads updates."""
@@ -158,6 +164,16 @@ class HostSpec:
 
     def cast_rate(self, threads: int) -> float:
         return interpolate_curve(self.cast_gelems_per_s, threads) * 1e9
+
+    def peer_adam_rate(self, implementation: str, threads: int) -> float:
+        """Parameters per second a peer's CPU AdamW ``implementation`` updates with ``threads`` threads."""
+        curve = self.peer_adam_gparams_per_s.get(implementation)
+        if curve is None:
+            measured = ", ".join(sorted(self.peer_adam_gparams_per_s)) or "none"
+            raise SlideDPError(
+                f"the hardware profile has no CPU AdamW rate for {implementation!r} (measured: {measured}); "
+                f"add host.peer_adam_gparams_per_s.{implementation} as threads: G params/s, measured on this host")
+        return interpolate_curve(curve, threads) * 1e9
 
     def stream_rate(self, threads: int) -> float:
         return interpolate_curve(self.stream_gbps, threads) * GB

@@ -86,6 +86,7 @@ class RunSummary:
     batch: int | None = _NOT_GIVEN  # global sequences per optimizer step
     tokens_per_step: int | None = _NOT_GIVEN
     policy: dict[str, Any] | None = _NOT_GIVEN  # Policy.to_dict()
+    system: str | None = _NOT_GIVEN  # a peer system's name (slidedp.peers); absent for SlideDP itself
     ranks: int | None = _NOT_GIVEN  # data-parallel ranks of a measured run
     # Where the numbers come from: "simulated" or "measured" (older benchmark files say measured=True instead).
     source: str | None = _NOT_GIVEN

@@ -1,4 +1,7 @@
-"""Simulate a grid of problems (batch, sequence length, GPU count, policy) into one tidy table."""
+"""Simulate a grid of problems (batch, sequence length, GPU count, system and policy) into one tidy table.
+
+SlideDP contributes one row per policy; each peer system (slidedp.peers) one row per grid point, simulated from
+its own plan and checked against its own memory model."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from slidedp.errors import SlideDPError
 from slidedp.hardware import GIB, HardwareProfile
 from slidedp.model import estimate_step
 from slidedp.model_spec import ModelSpec
+from slidedp.peers import SLIDEDP, check_system, estimate_peer_memory, peer_step, simulate_peer
 from slidedp.policy import Policy
 from slidedp.sim import simulate
 from slidedp.trace import EXPOSURE_CATEGORIES
@@ -44,37 +48,71 @@ def fit_batch(policy: Policy, per_rank: int) -> Policy:
 
 def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batches: Sequence[int],
               gpus: Sequence[int], policies: Sequence[tuple[str, Policy]], gpu_budget_gib: float | None = None,
-              simulate_points: bool = True, progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
-    """One row per (seq, batch, gpus, policy); batches that the GPU count does not divide are skipped."""
+              simulate_points: bool = True, progress: Callable[[int, int], None] | None = None,
+              systems: Sequence[str] = (SLIDEDP,)) -> pd.DataFrame:
+    """One row per (seq, batch, gpus, system, policy); batches that the GPU count does not divide are skipped.
+
+    ``policies`` apply to SlideDP; every other system runs as that peer does. The analytical model covers SlideDP
+    only, so ``simulate_points=False`` refuses peers."""
     for g in gpus:
         if g > hw.num_gpus:
             raise SlideDPError(f"GPU count {g} exceeds the {hw.num_gpus} GPU(s) of {hw.name!r}")
-    grid = [(s, b, g, p) for s, b, g, p in itertools.product(seqs, batches, gpus, policies) if b % g == 0]
+    systems = [check_system(s) for s in systems]
+    peers = [s for s in systems if s != SLIDEDP]
+    if peers and not simulate_points:
+        raise SlideDPError(f"the analytical model covers slidedp only; simulate {', '.join(peers)} instead")
+    entries = ([(SLIDEDP, name, policy) for name, policy in policies] if SLIDEDP in systems else []) \
+        + [(s, "", None) for s in peers]
+    grid = [(s, b, g, e) for s, b, g, e in itertools.product(seqs, batches, gpus, entries) if b % g == 0]
     if not grid:
         raise SlideDPError("no grid point has a batch divisible by its GPU count")
     budget = (gpu_budget_gib if gpu_budget_gib is not None else hw.gpu.memory_gib) * GIB
     rows = []
-    for i, (seq, batch, g, (name, policy)) in enumerate(grid):
+    for i, (seq, batch, g, (system, name, policy)) in enumerate(grid):
         machine = hw if g == hw.num_gpus else hw.with_gpus(g)
-        fitted = fit_batch(policy, batch // g)
-        w = StepWorkload(model, machine, fitted, seq, batch)
-        est = estimate_step(w)
-        row = {"model": model.name, "hardware": hw.name, "gpus": g, "seq": seq, "batch": batch,
-               "tokens_per_step": w.tokens_per_step, "policy": name, "micro_batch": fitted.micro_batch,
-               "accumulation": fitted.accumulation, "model_step_s": est.step_time_s,
-               "lower_bound_s": est.lower_bound_s, "gpu_peak_gib": est.memory.gpu_peak / GIB,
-               "host_gib": est.memory.host_total / GIB, "fits": bool(est.memory.gpu_peak <= budget)}
-        if simulate_points:
-            sim = simulate(w)
-            exposure = sim.mean_exposure()
-            row.update(step_s=sim.step_time_s, tokens_per_s=sim.tokens_per_s, limiter=sim.limiter,
-                       bottleneck=sim.bottleneck, compute_s=sim.compute_s,
-                       **{f"exposed_{c}_s": exposure[c] for c in EXPOSURE_CATEGORIES}, source="simulated")
+        if system == SLIDEDP:
+            rows.append(_slidedp_row(model, machine, hw.name, seq, batch, g, name, policy, budget, simulate_points))
         else:
-            row.update(step_s=est.step_time_s, tokens_per_s=est.tokens_per_s, limiter=est.limiter,
-                       bottleneck=est.bottleneck, compute_s=est.compute_s,
-                       **{f"exposed_{c}_s": est.exposure[c] for c in EXPOSURE_CATEGORIES}, source="analytical")
-        rows.append(row)
+            rows.append(_peer_row(model, machine, hw.name, seq, batch, g, system, budget))
         if progress:
             progress(i + 1, len(grid))
     return pd.DataFrame(rows)
+
+
+def _slidedp_row(model: ModelSpec, machine: HardwareProfile, hw_name: str, seq: int, batch: int, g: int, name: str,
+                 policy: Policy, budget: float, simulate_points: bool) -> dict:
+    fitted = fit_batch(policy, batch // g)
+    w = StepWorkload(model, machine, fitted, seq, batch)
+    est = estimate_step(w)
+    row = {"model": model.name, "hardware": hw_name, "gpus": g, "seq": seq, "batch": batch,
+           "tokens_per_step": w.tokens_per_step, "system": SLIDEDP, "policy": name, "micro_batch": fitted.micro_batch,
+           "accumulation": fitted.accumulation, "model_step_s": est.step_time_s,
+           "lower_bound_s": est.lower_bound_s, "gpu_peak_gib": est.memory.gpu_peak / GIB,
+           "host_gib": est.memory.host_total / GIB, "fits": bool(est.memory.gpu_peak <= budget)}
+    if simulate_points:
+        sim = simulate(w)
+        exposure = sim.mean_exposure()
+        row.update(step_s=sim.step_time_s, tokens_per_s=sim.tokens_per_s, limiter=sim.limiter,
+                   bottleneck=sim.bottleneck, compute_s=sim.compute_s,
+                   **{f"exposed_{c}_s": exposure[c] for c in EXPOSURE_CATEGORIES}, source="simulated")
+    else:
+        row.update(step_s=est.step_time_s, tokens_per_s=est.tokens_per_s, limiter=est.limiter,
+                   bottleneck=est.bottleneck, compute_s=est.compute_s,
+                   **{f"exposed_{c}_s": est.exposure[c] for c in EXPOSURE_CATEGORIES}, source="analytical")
+    return row
+
+
+def _peer_row(model: ModelSpec, machine: HardwareProfile, hw_name: str, seq: int, batch: int, g: int, system: str,
+              budget: float) -> dict:
+    step = peer_step(system, model, machine, seq, batch)
+    mem = estimate_peer_memory(step)
+    sim = simulate_peer(step)
+    exposure = sim.mean_exposure()
+    w = step.w
+    return {"model": model.name, "hardware": hw_name, "gpus": g, "seq": seq, "batch": batch,
+            "tokens_per_step": w.tokens_per_step, "system": system, "policy": "",
+            "micro_batch": w.policy.micro_batch, "accumulation": 1, "model_step_s": float("nan"),
+            "lower_bound_s": float("nan"), "gpu_peak_gib": mem.gpu_peak / GIB, "host_gib": mem.host_total / GIB,
+            "fits": bool(mem.gpu_peak <= budget), "step_s": sim.step_time_s, "tokens_per_s": sim.tokens_per_s,
+            "limiter": sim.limiter, "bottleneck": sim.bottleneck, "compute_s": sim.compute_s,
+            **{f"exposed_{c}_s": exposure[c] for c in EXPOSURE_CATEGORIES}, "source": "simulated"}

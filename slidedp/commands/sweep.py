@@ -24,10 +24,11 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         raise SlideDPError(f"sweep output {args.out!r}: use a .csv or .parquet suffix")
     with progress_callback("sweeping") as progress:
         table = run_sweep(spec, hw, args.seqs or [args.seq], args.batches, gpu_counts, policies, args.gpu_budget,
-                          simulate_points=not args.analytical, progress=progress)
+                          simulate_points=not args.analytical, progress=progress,
+                          systems=getattr(args, "systems", None) or ["slidedp"])
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_parquet(out, index=False) if out.suffix == ".parquet" else table.to_csv(out, index=False)
     Console().print(f"{len(table)} points written to {out}")
-    Console().print(table[["gpus", "seq", "batch", "policy", "step_s", "tokens_per_s", "limiter", "fits"]]
+    Console().print(table[["gpus", "seq", "batch", "system", "policy", "step_s", "tokens_per_s", "limiter", "fits"]]
                     .to_string(index=False))
     return 0

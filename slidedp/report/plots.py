@@ -14,12 +14,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from slidedp.peers.systems import SLIDEDP  # noqa: E402
 from slidedp.trace import EXPOSURE_CATEGORIES  # noqa: E402
 
 OP_COLORS = {
     "fwd": "#4c72b0", "bwd": "#2a4d80", "h2d_param": "#55a868", "h2d_ckpt": "#8fd18f", "d2h_grad": "#c44e52",
     "d2h_ckpt": "#e69a9c", "allgather": "#8172b2", "reduce_scatter": "#b0a4dc", "cpu_reduce": "#ccb974",
-    "adam": "#dd8452", "cast": "#f2b98f",
+    "adam": "#dd8452", "cast": "#f2b98f", "clip": "#b5651d",
 }
 CATEGORY_COLORS = {"compute": "#4c72b0", "h2d": "#55a868", "d2h": "#c44e52", "collective": "#8172b2",
                    "cpu": "#dd8452", "bubble": "#999999"}
@@ -101,11 +102,20 @@ def exposure_bars(exposure: pd.DataFrame, stem: Path, title: str) -> pd.DataFram
 LIMITER_MARKERS = {"compute": "o", "h2d": "^", "d2h": "v", "collective": "D", "cpu": "s", "bubble": "x"}
 
 
+def sweep_lines(sweep: pd.DataFrame) -> pd.Series:
+    """The line each sweep row belongs to: its SlideDP policy, or its system where the sweep holds peers (SlideDP's
+    rows then read ``slidedp (policy)``). Tables without a ``system`` column are SlideDP-only sweeps."""
+    if "system" not in sweep.columns or (sweep["system"] == SLIDEDP).all():
+        return sweep["policy"].astype(str)
+    return sweep.apply(lambda r: f"{SLIDEDP} ({r.policy})" if r.system == SLIDEDP else r.system, axis=1)
+
+
 def sweep_plot(sweep: pd.DataFrame, stem: Path, title: str) -> pd.DataFrame:
     """Tokens/s vs global batch (at the largest GPU count) and vs GPU count (strong scaling at the largest
-    batch every GPU count ran), one line per policy, marker shape = what the point is limited by."""
+    batch every GPU count ran), one line per policy or peer system (``sweep_lines``), marker shape = what the
+    point is limited by."""
     seq = sweep["seq"].min()
-    data = sweep[sweep["seq"] == seq]
+    data = sweep[sweep["seq"] == seq].assign(line=lambda d: sweep_lines(d))
     max_gpus = data["gpus"].max()
     by_batch = data[data["gpus"] == max_gpus].sort_values("batch")
     common = data.groupby("batch")["gpus"].nunique()
@@ -115,7 +125,7 @@ def sweep_plot(sweep: pd.DataFrame, stem: Path, title: str) -> pd.DataFrame:
     plotted = []
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, panel, column, rows_of_panel in ((a1, "batch", "batch", by_batch), (a2, "gpus", "gpus", by_gpus)):
-        for i, (policy, rows) in enumerate(rows_of_panel.groupby("policy", sort=True)):
+        for i, (policy, rows) in enumerate(rows_of_panel.groupby("line", sort=True)):
             color = colors[i % len(colors)]
             ax.plot(rows[column], rows.tokens_per_s, color=color, label=policy)
             for r in rows.itertuples():
@@ -133,8 +143,8 @@ def sweep_plot(sweep: pd.DataFrame, stem: Path, title: str) -> pd.DataFrame:
     a2.set_title("throughput vs GPU count")
     for limiter, marker in LIMITER_MARKERS.items():
         a2.scatter([], [], marker=marker, color="black", label=f"limited by {limiter}")
-    a1.legend(title="policy")
-    a2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), title="policy / marker")
+    a1.legend(title="policy / system")
+    a2.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), title="policy / system / marker")
     fig.suptitle(title)
     _save(fig, stem)
     return pd.DataFrame(plotted)

@@ -1,0 +1,149 @@
+"""A peer system's step as a :class:`~slidedp.schedule.Plan`, for the same simulator that runs SlideDP's.
+
+The order is what the peers do: forward layer by layer, each layer's weights fetched (host copy and/or all-gather)
+at most ``PEER_WINDOW`` layers ahead; backward in reverse, re-fetching where the system reshards, each layer's
+gradient reduced over the ranks and copied to the host as soon as it is computed, a layer's gradient buffer reused
+``PEER_WINDOW`` layers later; then the optimizer, which none of the peers overlaps with compute: on the CPU after
+the whole backward (clip passes, AdamW, the bf16 cast and the copy of the new weights back to the GPUs where the
+system keeps weights there), or fused AdamW on each GPU. Byte counts come from :class:`~slidedp.peers.step.PeerStep`.
+"""
+
+from __future__ import annotations
+
+from slidedp.peers.step import PEER_WINDOW, PeerStep
+from slidedp.resources import collective_usage, dma_usage
+from slidedp.schedule import Plan
+
+# Whole-model ops (the optimizer after backward) are recorded against unit 0, chunk -1, as SlideDP's gpu_adam is.
+_WHOLE = dict(unit=0, chunk=-1)
+
+
+class _PeerBuilder:
+    def __init__(self, step: PeerStep):
+        self.step, self.w = step, step.w
+        self.plan = Plan()
+        self.n, self.count = step.n, step.w.num_units
+        self.fwd: dict[tuple[int, int], int] = {}
+        self.bwd: dict[tuple[int, int], int] = {}
+        self.grad_done: dict[tuple[int, int], int] = {}
+        self._groups = 0
+
+    def _group(self) -> int:
+        self._groups += 1
+        return self._groups - 1
+
+    def _collective(self, op: str, r: int, u: int, nbytes: float, deps: list[int], group: int, stream: str,
+                    **where) -> int:
+        w = self.w
+        usage = collective_usage(w.hw, r)
+        where = where or dict(unit=u, chunk=-1)
+        return self.plan.add(op=op, rank=r, stream=f"{stream}[{r}]", resource=f"link[{r}]", amount=nbytes, flops=0.0,
+                             host_bytes=nbytes * usage.get("hostmem", 0.0), deps=deps, usage=usage,
+                             cap=w.collective_cap(), latency=w.link_latency, group=group, **where)
+
+    def _h2d(self, r: int, nbytes: float, deps: list[int], **where) -> int:
+        w = self.w
+        return self.plan.add(op="h2d_param", rank=r, stream=f"h2d[{r}]", resource=f"h2d[{r}]", amount=nbytes,
+                             flops=0.0, host_bytes=nbytes, deps=deps, usage=dma_usage(w.hw, r, "h2d"),
+                             latency=w.pcie_latency, **where)
+
+    def fetch(self, u: int, window_dep) -> dict[int, list[int]]:
+        """Copy each rank's shard of unit ``u`` from the host and/or all-gather it; the ops compute waits on."""
+        step = self.step
+        ready: dict[int, list[int]] = {r: [] for r in range(self.n)}
+        h2d_bytes, ag_bytes = step.h2d_fetch_bytes(u), step.allgather_bytes(u)
+        for r in range(self.n):
+            deps = [d for d in (window_dep(r),) if d is not None]
+            if h2d_bytes > 0:
+                ready[r] = [self._h2d(r, h2d_bytes, deps, unit=u, chunk=-1)]
+            elif ag_bytes > 0:
+                ready[r] = deps
+        if ag_bytes > 0:
+            group = self._group()
+            for r in range(self.n):
+                ready[r] = [self._collective("allgather", r, u, ag_bytes, ready[r], group, "ag")]
+        return ready
+
+    def forward(self) -> None:
+        for u in range(self.count):
+            ready = ({r: [] for r in range(self.n)} if not self.step.fetches(u, backward=False)
+                     else self.fetch(u, lambda r, u=u: self.fwd.get((u - PEER_WINDOW, r))))
+            unit = self.w.units[u]
+            for r in range(self.n):
+                self.fwd[(u, r)] = self.plan.add(op="fwd", rank=r, stream=f"gpu[{r}]", resource=f"gpu[{r}]", unit=u,
+                                                 chunk=-1, amount=unit.fwd_s, flops=unit.fwd_flops, host_bytes=0.0,
+                                                 deps=ready[r])
+
+    def backward(self) -> None:
+        step, w = self.step, self.w
+        for u in range(self.count - 1, -1, -1):
+            later = u + PEER_WINDOW
+            ready = ({r: [] for r in range(self.n)} if not step.fetches(u, backward=True)
+                     else self.fetch(u, lambda r, later=later: self.bwd.get((later, r))))
+            unit = w.units[u]
+            for r in range(self.n):
+                deps = list(ready[r])
+                if (later, r) in self.grad_done:  # that layer's gradient buffer must have been reduced / copied out
+                    deps.append(self.grad_done[(later, r)])
+                self.bwd[(u, r)] = self.plan.add(op="bwd", rank=r, stream=f"gpu[{r}]", resource=f"gpu[{r}]", unit=u,
+                                                 chunk=-1, amount=unit.bwd_s, flops=unit.bwd_flops, host_bytes=0.0,
+                                                 deps=deps)
+            self.gradient_out(u)
+
+    def gradient_out(self, u: int) -> None:
+        step, w = self.step, self.w
+        done = {r: self.bwd[(u, r)] for r in range(self.n)}
+        nbytes = step.grad_collective_bytes(u)
+        if nbytes > 0:
+            op = step.system.grad_op
+            group = self._group()
+            for r in range(self.n):
+                done[r] = self._collective(op, r, u, nbytes, [done[r]], group, "rs")
+        d2h = step.d2h_grad_bytes(u)
+        for r in range(self.n):
+            if d2h > 0:
+                done[r] = self.plan.add(op="d2h_grad", rank=r, stream=f"d2h[{r}]", resource=f"d2h[{r}]", unit=u,
+                                        chunk=-1, amount=d2h, flops=0.0, host_bytes=d2h,
+                                        deps=[done[r]], usage=dma_usage(w.hw, r, "d2h"), latency=w.pcie_latency)
+            self.grad_done[(u, r)] = done[r]
+
+    def optimizer(self) -> None:
+        """After the whole backward of every rank (the global gradient norm needs all of it)."""
+        step, plan = self.step, self.plan
+        backward_end = [self.grad_done[(u, r)] for u in range(self.count) for r in range(self.n)]
+        backward_end += [plan.streams[f"gpu[{r}]"][-1] for r in range(self.n)]
+        if not step.system.updates_on_cpu:
+            for r in range(self.n):
+                plan.add(op="gpu_adam", rank=r, stream=f"gpu[{r}]", resource=f"gpu[{r}]", amount=step.gpu_adam_s(),
+                         flops=0.0, host_bytes=0.0, deps=backward_end, **_WHOLE)
+            return
+        passes = (("clip", step.clip_host_bytes(), step.clip_cap), ("adam", step.adam_host_bytes(), step.adam_cap),
+                  ("cast", step.cast_host_bytes(), step.cast_cap))
+        updated = {}
+        for r in range(self.n):
+            deps, stream = backward_end, f"cpu[{r}]"
+            for op, nbytes, cap in passes:
+                if nbytes > 0:
+                    deps = [plan.add(op=op, rank=r, stream=stream, resource=stream, amount=nbytes, flops=0.0,
+                                     host_bytes=nbytes, deps=deps, usage={"hostmem": 1.0}, cap=cap(), **_WHOLE)]
+            updated[r] = deps
+        nbytes = step.writeback_h2d_bytes()
+        if nbytes <= 0:
+            return
+        copied = {r: self._h2d(r, nbytes, updated[r], **_WHOLE) for r in range(self.n)}
+        ag = step.writeback_allgather_bytes()
+        if ag > 0:
+            group = self._group()
+            for r in range(self.n):
+                self._collective("allgather", r, 0, ag, [copied[r]], group, "ag", **_WHOLE)
+
+    def build(self) -> Plan:
+        self.step.check_rates()
+        self.forward()
+        self.backward()
+        self.optimizer()
+        return self.plan
+
+
+def build_peer_plan(step: PeerStep) -> Plan:
+    return _PeerBuilder(step).build()

@@ -1,0 +1,170 @@
+"""One peer system's step on a concrete model, machine and batch: per-unit bytes and the step's closed-form totals.
+
+Both come from the same :class:`~slidedp.peers.systems.PeerSystem` factors: the plan builder asks for one unit's
+bytes, the conservation tests compare the simulated trace with :meth:`PeerStep.closed_form_totals`, which
+multiplies the factors by whole-model parameter counts without walking the units.
+
+The compute is SlideDP's own: :func:`peer_workload` builds the :class:`~slidedp.workload.StepWorkload` the peers
+run (activation recompute per decoder layer, one micro-batch per rank step, the same chunked loss), whose
+``units`` carry the compute times and FLOPs, recompute included.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from slidedp.errors import SlideDPError
+from slidedp.hardware import HardwareProfile
+from slidedp.model_spec import ModelSpec
+from slidedp.peers.systems import PeerSystem
+from slidedp.policy import Policy
+from slidedp.resources import ADAM_HOST_BYTES_BASE, CAST_HOST_BYTES, collective_usage
+from slidedp.workload import StepWorkload
+
+# The units the peers keep gathered from forward to backward: FSDP2's root group (embedding, final norm, head)
+# is not resharded after forward, and the head runs first in backward, right after the forward ended.
+ROOT_KINDS: tuple[str, ...] = ("embed", "head")
+# Layers whose gathered weights (and gradients in flight) a rank holds at once: the computing one and the next.
+PEER_WINDOW = 2
+
+
+def peer_policy(per_rank_batch: int) -> Policy:
+    """How every measured peer runs a step: gradient checkpointing per decoder layer, the whole per-rank batch in
+    one micro-batch, no accumulation (the routes and chunking fields are SlideDP's and unused here)."""
+    return Policy(activation="recompute", micro_batch=per_rank_batch, accumulation=1, chunks_per_layer=1,
+                  prefetch_depth=PEER_WINDOW)
+
+
+def peer_workload(model: ModelSpec, hw: HardwareProfile, seq: int, batch: int) -> StepWorkload:
+    """The workload a peer runs on ``hw``'s GPUs at global ``batch`` (which the GPU count must divide)."""
+    if batch % hw.num_gpus:
+        raise SlideDPError(f"batch {batch} is not divisible by the {hw.num_gpus} GPU(s)")
+    return StepWorkload(model, hw, peer_policy(batch // hw.num_gpus), seq, batch)
+
+
+class PeerStep:
+    """``system`` running workload ``w``: bytes per unit per rank and the step's totals."""
+
+    def __init__(self, system: PeerSystem, w: StepWorkload):
+        self.system, self.w = system, w
+        self.n = w.ranks
+
+    # ---- which units move --------------------------------------------------------------------------------
+    def fetches(self, u: int, backward: bool) -> bool:
+        """Unit ``u`` is fetched (copied from the host and/or gathered) before this pass."""
+        s = self.system
+        if not (s.shards_weights or s.fetch_h2d_bytes):
+            return False
+        return not backward or (s.refetch_in_backward and self.w.units[u].kind not in ROOT_KINDS)
+
+    # ---- per unit, per rank ------------------------------------------------------------------------------
+    def h2d_fetch_bytes(self, u: int) -> float:
+        return self.system.fetch_h2d_bytes * self.w.units[u].params / self.n
+
+    def allgather_bytes(self, u: int) -> float:
+        return self._gather_factor(self.system.gathered_bytes) * self.w.units[u].params
+
+    def grad_collective_bytes(self, u: int) -> float:
+        return self._grad_collective_factor * self.w.units[u].params
+
+    def d2h_grad_bytes(self, u: int) -> float:
+        return self.system.grad_d2h_bytes * self.w.units[u].params / self.n
+
+    # ---- per rank, after backward ----------------------------------------------------------------------------
+    @property
+    def params_per_rank(self) -> float:
+        """Parameters whose optimizer state one rank updates: its 1/N partition, or all of them when replicated."""
+        s = self.system
+        replicated = not s.updates_on_cpu and not s.gpu_state_sharded
+        return self.w.model.total_params / (1 if replicated else self.n)
+
+    @property
+    def adam_bytes_per_param(self) -> float:
+        """DRAM bytes of one parameter's CPU AdamW: read p, m, v and the fp32 gradient, write p, m, v."""
+        return ADAM_HOST_BYTES_BASE + self.system.grad_d2h_bytes
+
+    def clip_host_bytes(self) -> float:
+        return self.system.clip_host_bytes * self.params_per_rank
+
+    def adam_host_bytes(self) -> float:
+        return self.adam_bytes_per_param * self.params_per_rank if self.system.updates_on_cpu else 0.0
+
+    def cast_host_bytes(self) -> float:
+        return CAST_HOST_BYTES * self.params_per_rank if self.system.cast_after_step else 0.0
+
+    def writeback_h2d_bytes(self) -> float:
+        return self.system.writeback_h2d_bytes * self.params_per_rank
+
+    def writeback_allgather_bytes(self) -> float:
+        return self._gather_factor(self.system.writeback_h2d_bytes) * self.w.model.total_params
+
+    # ---- rates (bytes/s of DRAM for the CPU passes, as SlideDP's own CPU ops) --------------------------------
+    def clip_cap(self) -> float:
+        return self.w.hw.host.stream_rate(self.w.adam_threads)
+
+    def adam_cap(self) -> float:
+        """The peer's measured CPU AdamW rate; refuses (SlideDPError) where the profile lacks it."""
+        return self.w.hw.host.peer_adam_rate(self.system.cpu_adam, self.w.adam_threads) * self.adam_bytes_per_param
+
+    def cast_cap(self) -> float:
+        return self.w.hw.host.cast_rate(self.w.adam_threads) * CAST_HOST_BYTES
+
+    def gpu_adam_s(self) -> float:
+        if self.system.updates_on_cpu:
+            return 0.0
+        return self.params_per_rank / (self.w.hw.gpu.adam_gparams_per_s * 1e9)
+
+    def check_rates(self) -> None:
+        """Refuse before anything is simulated when the peer's CPU optimizer rate is not in the profile."""
+        if self.system.updates_on_cpu:
+            self.adam_cap()
+
+    # ---- factors ---------------------------------------------------------------------------------------------
+    def _gather_factor(self, nbytes: int) -> float:
+        return (self.n - 1) / self.n * nbytes
+
+    @cached_property
+    def _grad_collective_factor(self) -> float:
+        s = self.system
+        ring = (self.n - 1) / self.n * s.grad_collective_bytes
+        return s.grad_ring_passes * ring
+
+    # ---- closed form -----------------------------------------------------------------------------------------
+    def closed_form_totals(self) -> dict[str, dict[str, float]]:
+        """Per trace op: bytes, host bytes and FLOPs summed over ranks for the whole step, from the factors and
+        whole-model parameter counts (the conservation tests hold the simulated trace to these)."""
+        s, w, n, m = self.system, self.w, self.n, self.w.model
+        total = m.total_params
+        refetched = m.layers * m.layer_params if s.refetch_in_backward else 0
+        fetched = total + refetched
+        out: dict[str, dict[str, float]] = {
+            "fwd": {"bytes": 0.0, "host_bytes": 0.0, "flops": n * sum(u.fwd_flops for u in w.units)},
+            "bwd": {"bytes": 0.0, "host_bytes": 0.0, "flops": n * sum(u.bwd_flops for u in w.units)},
+        }
+        h2d = s.fetch_h2d_bytes * fetched + s.writeback_h2d_bytes * total
+        if h2d:
+            out["h2d_param"] = {"bytes": h2d, "host_bytes": h2d, "flops": 0.0}
+        gather = n * (self._gather_factor(s.gathered_bytes) * fetched
+                      + self._gather_factor(s.writeback_h2d_bytes) * total)
+        if gather:
+            out["allgather"] = _link_totals(w, gather)
+        collective = n * self._grad_collective_factor * total
+        if collective:
+            out[s.grad_op] = _link_totals(w, collective)
+        if s.grad_d2h_bytes:
+            d2h = s.grad_d2h_bytes * total
+            out["d2h_grad"] = {"bytes": d2h, "host_bytes": d2h, "flops": 0.0}
+        cpu = {"clip": s.clip_host_bytes * total,
+               "adam": (ADAM_HOST_BYTES_BASE + s.grad_d2h_bytes) * total if s.updates_on_cpu else 0.0,
+               "cast": CAST_HOST_BYTES * total if s.cast_after_step else 0.0}
+        for op, nbytes in cpu.items():
+            if nbytes:
+                out[op] = {"bytes": nbytes, "host_bytes": nbytes, "flops": 0.0}
+        if not s.updates_on_cpu:
+            out["gpu_adam"] = {"bytes": 0.0, "host_bytes": 0.0, "flops": 0.0}
+        return out
+
+
+def _link_totals(w: StepWorkload, nbytes: float) -> dict[str, float]:
+    """A collective's bytes; without peer access (``link.kind == host``) each byte also crosses host DRAM twice."""
+    return {"bytes": nbytes, "host_bytes": nbytes * collective_usage(w.hw, 0).get("hostmem", 0.0), "flops": 0.0}

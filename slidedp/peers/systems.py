@@ -1,0 +1,159 @@
+"""The systems SlideDP is compared with, each written once as a spec of what it moves, where it keeps its state
+and where its optimizer runs.
+
+A :class:`PeerSystem` holds per-parameter factors only (element sizes, which copies are sharded, which CPU passes
+run); :class:`slidedp.peers.step.PeerStep` turns them into per-unit bytes for the plan builder and into closed-form
+totals, and :mod:`slidedp.peers.memory` into GPU and host bytes, so the three cannot disagree. ``SYSTEMS`` is the
+one registry of names: nothing else compares system names.
+
+What each spec encodes (``benchmarks/peer_systems.py`` is what was measured):
+
+- ``zero2-offload``: DeepSpeed ZeRO-2 with ``offload_optimizer: cpu``. bf16 weights stay on every GPU; backward
+  reduces bf16 gradients in buckets and copies each rank's partition to the host in fp32; after backward the CPU
+  scales the gradients for clipping and DeepSpeedCPUAdam steps the fp32 partition; the new weights are cast to bf16
+  on the CPU, copied back to the GPU and all-gathered.
+- ``zero3-offload``: ZeRO-3 with parameters and optimizer offloaded: bf16 parameters live on the host, each rank
+  fetches its 1/N of every layer before its forward and again before its backward and the ranks all-gather; the
+  CPU update writes the bf16 copy the next fetch reads.
+- ``fsdp2-offload``: FSDP2 ``fully_shard`` per layer with ``CPUOffloadPolicy``: fp32 shards on the host, copied to
+  the GPU (fp32) and all-gathered in bf16 before each layer's forward and backward (the root's embedding and head
+  stay gathered from forward to backward), fp32 gradients reduce-scattered and copied to the host; after backward
+  ``clip_grad_norm_`` reads and scales the CPU gradients and torch's CPU AdamW steps.
+- ``fsdp2-resident``: FSDP2 without offload: fp32 shards, their gradients and AdamW moments on the GPUs, bf16
+  all-gather per layer in forward and backward, fp32 reduce-scatter, torch's fused AdamW on each shard.
+- ``ddp-resident``: every GPU holds fp32 weights, gradients and moments (bf16 autocast), all-reduces fp32 gradients
+  and runs fused AdamW on the whole model; on one GPU this is plain training, the measured "resident" system.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from slidedp.errors import SlideDPError
+
+# Keys of HostSpec.peer_adam_gparams_per_s: the CPU AdamW implementations the peers run.
+TORCH_ADAMW_FUSED = "torch_adamw_fused"
+DEEPSPEED_CPU_ADAM = "deepspeed_cpu_adam"
+
+# reduce_bucket_size of the measured DeepSpeed runs (benchmarks/peer_systems.py).
+ZERO_BUCKET_PARAMS = 200_000_000
+
+SLIDEDP = "slidedp"  # SlideDP itself: the workload's own plan (slidedp.schedule), not a PeerSystem
+
+
+@dataclass(frozen=True)
+class PeerSystem:
+    """What one peer system does per parameter. Every ``*_bytes`` field is an element size in bytes; 0 = never.
+
+    Parameters: ``fetch_h2d_bytes`` is what each rank copies from the host per fetch of a layer (its 1/N shard);
+    ``gathered_bytes`` the dtype of the unsharded weights a layer computes with, all-gathered from the ranks'
+    shards ((N-1)/N of them cross the GPU links) when the system shards weights (``shards_weights``).
+    Gradients: reduced over the ranks by ``grad_collective`` in ``grad_collective_bytes`` elements, then each
+    rank copies its 1/N (``grad_d2h_bytes``) to the host. Optimizer: on the CPU after backward (clip passes of
+    ``clip_host_bytes`` DRAM bytes, then ``cpu_adam`` at that implementation's measured rate, then optionally a
+    cast to bf16 and a copy of the new weights back to the GPUs) or on the GPU (fused AdamW on each rank's state).
+    Memory: bytes each GPU holds all step (``gpu_weight_bytes``, ``gpu_moment_bytes``) and at the end of backward
+    (``gpu_grad_bytes``), divided over the ranks where ``gpu_state_sharded``; ``autocast_cache`` counts the bf16
+    copies autocast keeps of fp32 weights until forward ends; ``grad_bucket_params`` is DeepSpeed's gradient
+    bucket (``reduce_bucket_size`` as benchmarks/peer_systems.py sets it); ``host_state_bytes`` is one host copy
+    per parameter for all ranks (each rank holds its 1/N).
+    """
+
+    name: str
+    summary: str
+    fetch_h2d_bytes: int
+    gathered_bytes: int
+    refetch_in_backward: bool
+    grad_collective: Literal["reduce_scatter", "all_reduce"]
+    grad_collective_bytes: int
+    grad_d2h_bytes: int
+    optimizer: Literal["cpu", "gpu"]
+    cpu_adam: str | None
+    clip_host_bytes: int
+    cast_after_step: bool
+    writeback_h2d_bytes: int
+    gpu_weight_bytes: int
+    gpu_moment_bytes: int
+    gpu_grad_bytes: int
+    gpu_state_sharded: bool
+    autocast_cache: bool
+    host_state_bytes: int
+    grad_bucket_params: int = 0  # gradients are reduced through a contiguous bf16 bucket of this many elements
+
+    @property
+    def shards_weights(self) -> bool:
+        """Layers are gathered from per-rank shards before they compute (and freed after)."""
+        return self.gathered_bytes > 0
+
+    @property
+    def offloads_gradients(self) -> bool:
+        return self.grad_d2h_bytes > 0
+
+    @property
+    def updates_on_cpu(self) -> bool:
+        """AdamW runs on the host after backward (otherwise fused AdamW on each GPU)."""
+        return self.optimizer == "cpu"
+
+    @property
+    def grad_op(self) -> str:
+        """The trace op of the gradient collective."""
+        return "allreduce" if self.grad_collective == "all_reduce" else "reduce_scatter"
+
+    @property
+    def grad_ring_passes(self) -> int:
+        """Ring passes of the gradient collective: an all-reduce is a reduce-scatter plus an all-gather."""
+        return 2 if self.grad_collective == "all_reduce" else 1
+
+
+SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
+    PeerSystem(
+        name="zero2-offload", summary="DeepSpeed ZeRO-2, optimizer offloaded to the CPU (DeepSpeedCPUAdam)",
+        fetch_h2d_bytes=0, gathered_bytes=0, refetch_in_backward=False,
+        grad_collective="reduce_scatter", grad_collective_bytes=2, grad_d2h_bytes=4,
+        optimizer="cpu", cpu_adam=DEEPSPEED_CPU_ADAM, clip_host_bytes=8, cast_after_step=True, writeback_h2d_bytes=2,
+        gpu_weight_bytes=2, gpu_moment_bytes=0, gpu_grad_bytes=0, gpu_state_sharded=False, autocast_cache=False,
+        host_state_bytes=16, grad_bucket_params=ZERO_BUCKET_PARAMS),
+    PeerSystem(
+        name="zero3-offload", summary="DeepSpeed ZeRO-3, parameters and optimizer offloaded to the CPU",
+        fetch_h2d_bytes=2, gathered_bytes=2, refetch_in_backward=True,
+        grad_collective="reduce_scatter", grad_collective_bytes=2, grad_d2h_bytes=4,
+        optimizer="cpu", cpu_adam=DEEPSPEED_CPU_ADAM, clip_host_bytes=8, cast_after_step=True, writeback_h2d_bytes=0,
+        gpu_weight_bytes=0, gpu_moment_bytes=0, gpu_grad_bytes=0, gpu_state_sharded=True, autocast_cache=False,
+        host_state_bytes=18, grad_bucket_params=ZERO_BUCKET_PARAMS),
+    PeerSystem(
+        name="fsdp2-offload", summary="PyTorch FSDP2 with CPUOffloadPolicy (torch CPU AdamW, fused)",
+        fetch_h2d_bytes=4, gathered_bytes=2, refetch_in_backward=True,
+        grad_collective="reduce_scatter", grad_collective_bytes=4, grad_d2h_bytes=4,
+        optimizer="cpu", cpu_adam=TORCH_ADAMW_FUSED, clip_host_bytes=12, cast_after_step=False, writeback_h2d_bytes=0,
+        gpu_weight_bytes=0, gpu_moment_bytes=0, gpu_grad_bytes=0, gpu_state_sharded=True, autocast_cache=False,
+        host_state_bytes=16),
+    PeerSystem(
+        name="fsdp2-resident", summary="PyTorch FSDP2 without offload: optimizer sharded over the GPUs",
+        fetch_h2d_bytes=0, gathered_bytes=2, refetch_in_backward=True,
+        grad_collective="reduce_scatter", grad_collective_bytes=4, grad_d2h_bytes=0,
+        optimizer="gpu", cpu_adam=None, clip_host_bytes=0, cast_after_step=False, writeback_h2d_bytes=0,
+        gpu_weight_bytes=4, gpu_moment_bytes=8, gpu_grad_bytes=4, gpu_state_sharded=True, autocast_cache=False,
+        host_state_bytes=0),
+    PeerSystem(
+        name="ddp-resident", summary="GPU-resident data parallel (fp32 weights, bf16 autocast, fused AdamW)",
+        fetch_h2d_bytes=0, gathered_bytes=0, refetch_in_backward=False,
+        grad_collective="all_reduce", grad_collective_bytes=4, grad_d2h_bytes=0,
+        optimizer="gpu", cpu_adam=None, clip_host_bytes=0, cast_after_step=False, writeback_h2d_bytes=0,
+        gpu_weight_bytes=4, gpu_moment_bytes=8, gpu_grad_bytes=4, gpu_state_sharded=False, autocast_cache=True,
+        host_state_bytes=0),
+)}
+
+SYSTEM_NAMES: tuple[str, ...] = (SLIDEDP, *SYSTEMS)
+
+
+def check_system(name: str) -> str:
+    """``name`` if it is SlideDP or a registered peer, else one line naming the choices."""
+    if name not in SYSTEM_NAMES:
+        raise SlideDPError(f"unknown system {name!r}: choose one of {', '.join(SYSTEM_NAMES)}")
+    return name
+
+
+def peer_system(name: str) -> PeerSystem | None:
+    """The peer's spec, or None for SlideDP itself (which runs its own policy-driven plan)."""
+    return SYSTEMS.get(check_system(name))

@@ -1,0 +1,77 @@
+"""The peers' memory models: GPU and host bytes per parameter as each system keeps its state, and the measured
+out-of-memory batches of the H200 peer comparison (benchmarks/results/h200-2026-12-02b and -02c)."""
+
+from __future__ import annotations
+
+import pytest
+
+from slidedp.hardware import GIB, load_hardware
+from slidedp.model.memory import activation_bytes, loss_bytes
+from slidedp.model_spec import load_model_spec
+from slidedp.peers import SYSTEMS, PeerStep, estimate_peer_memory, peer_workload
+from slidedp.peers.step import PEER_WINDOW
+from tests.builders import free_machine, tiny_model
+
+# (GPU bytes per parameter held all step, GPU gradient bytes at the end of backward, host bytes per parameter),
+# per GPU with N ranks, as the module docstrings document them.
+DOCUMENTED = {
+    "zero2-offload": (lambda n: 2, lambda n: 0, 16),
+    "zero3-offload": (lambda n: 0, lambda n: 0, 18),
+    "fsdp2-offload": (lambda n: 0, lambda n: 0, 16),
+    "fsdp2-resident": (lambda n: 12 / n, lambda n: 4 / n, 0),
+    "ddp-resident": (lambda n: 12, lambda n: 4, 0),
+}
+
+
+def _mem(name: str, model, hw, seq: int, batch: int):
+    step = PeerStep(SYSTEMS[name], peer_workload(model, hw, seq, batch))
+    return step, estimate_peer_memory(step)
+
+
+@pytest.mark.parametrize("gpus", [1, 4])
+@pytest.mark.parametrize("name", list(SYSTEMS))
+def test_bytes_per_parameter_are_the_documented_ones(name, gpus):
+    model = tiny_model(layers=6)
+    step, mem = _mem(name, model, free_machine(gpus), 512, gpus)
+    state, grads, host = DOCUMENTED[name]
+    p = model.total_params
+    assert mem.gpu_state == pytest.approx(state(gpus) * p)
+    assert mem.host_bytes_per_param == pytest.approx(host)
+    assert mem.gpu_forward >= activation_bytes(step.w) + loss_bytes(step.w)
+    if SYSTEMS[name].gpu_grad_bytes:
+        assert mem.gpu_backward >= grads(gpus) * p
+    assert mem.gpu_peak == pytest.approx(mem.gpu_state + max(mem.gpu_forward, mem.gpu_backward) + mem.gpu_reserve)
+
+
+def test_autocast_keeps_a_bf16_copy_of_every_fp32_weight_until_forward_ends():
+    model = tiny_model(layers=6)
+    ddp = _mem("ddp-resident", model, free_machine(1), 512, 1)[1]
+    fsdp = _mem("fsdp2-resident", model, free_machine(1), 512, 1)[1]
+    gathered = PEER_WINDOW * max(u.params for u in peer_workload(model, free_machine(1), 512, 1).units) * 2
+    assert ddp.gpu_forward - fsdp.gpu_forward == pytest.approx(2 * model.total_params - gathered)
+
+
+def test_gpu_peak_grows_with_batch_and_sharding_divides_resident_state():
+    model = load_model_spec("qwen3-4b")
+    hw = load_hardware("h200-x1")
+    for name in SYSTEMS:
+        peaks = [_mem(name, model, hw, 4096, b)[1].gpu_peak for b in (1, 2, 4, 8, 16)]
+        assert peaks == sorted(peaks), name
+    four = free_machine(4)
+    one = _mem("fsdp2-resident", model, four.with_gpus(1), 4096, 1)[1]
+    sharded = _mem("fsdp2-resident", model, four, 4096, 4)[1]
+    assert sharded.gpu_state == pytest.approx(one.gpu_state / 4)
+
+
+@pytest.mark.parametrize("model, name, fits, oom", [
+    ("qwen3-4b", "ddp-resident", [1, 2, 4, 8, 16], []),
+    ("qwen3-4b", "fsdp2-offload", [1, 2, 4, 8, 16], []),
+    ("qwen3-4b", "zero2-offload", [1, 2, 4, 8, 16], []),
+    ("qwen3-8b", "ddp-resident", [1, 2, 4, 8], [16]),
+])
+def test_out_of_memory_batches_are_the_measured_ones(model, name, fits, oom):
+    """On one H200 (139 GiB): every Qwen3-4B peer ran batch 1-16; GPU-resident Qwen3-8B ran out of memory at 16."""
+    hw = load_hardware("h200-x1")
+    spec = load_model_spec(model)
+    budget = hw.gpu.memory_gib * GIB
+    assert [b for b in fits + oom if _mem(name, spec, hw, 4096, b)[1].gpu_peak <= budget] == fits

@@ -1,0 +1,128 @@
+"""Peer systems in the simulator: the trace moves exactly the closed-form bytes and FLOPs of each system, each
+single-resource limit is met, faster resources never slow a peer, and a missing optimizer rate refuses cleanly."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from slidedp.errors import SlideDPError
+from slidedp.hardware import load_hardware
+from slidedp.model_spec import load_model_spec
+from slidedp.peers import SYSTEMS, PeerStep, build_peer_plan, peer_step, peer_workload, simulate_peer
+from slidedp.peers.systems import DEEPSPEED_CPU_ADAM, TORCH_ADAMW_FUSED
+from tests.builders import free_machine, tiny_model, with_gpu, with_host, with_link
+
+RATES = {TORCH_ADAMW_FUSED: {1: 1.0, 8: 4.0}, DEEPSPEED_CPU_ADAM: {1: 1.5, 8: 5.0}}
+
+
+def machine(gpus: int = 1, link: str = "nvlink", rates: dict | None = None):
+    """A machine where every resource is finite but fast, with both peers' CPU optimizer rates."""
+    hw = free_machine(gpus, link)
+    hw = with_gpu(hw, h2d_gbps=25.0, d2h_gbps=20.0, duplex_gbps=40.0, matmul_tflops=50.0, attention_tflops=40.0,
+                  pcie_latency_us=5.0)
+    hw = with_link(hw, bw_gbps=30.0, latency_us=3.0)
+    return with_host(hw, mem_bw_gbps=80.0, adam_gparams_per_s={1: 1.0}, cast_gelems_per_s={1: 2.0, 8: 8.0},
+                     stream_gbps={1: 10.0, 8: 40.0}, cores=16, peer_adam_gparams_per_s=rates or RATES)
+
+
+CASES = [(name, gpus, link, tied) for name in SYSTEMS for gpus, link, tied in
+         ((1, "nvlink", False), (2, "nvlink", True), (4, "host", False), (3, "nvlink", False))]
+
+
+@pytest.mark.parametrize("name, gpus, link, tied", CASES, ids=lambda v: str(v))
+def test_trace_bytes_and_flops_equal_the_closed_form(name, gpus, link, tied):
+    step = peer_step(name, tiny_model(layers=5, tied=tied), machine(gpus, link), 512, 2 * gpus)
+    trace = simulate_peer(step).trace
+    by_op = trace.groupby("op")[["bytes", "host_bytes", "flops"]].sum()
+    expected = step.closed_form_totals()
+    assert set(by_op.index) == set(expected)
+    for op, totals in expected.items():
+        for column, value in totals.items():
+            assert by_op.loc[op, column] == pytest.approx(value, rel=1e-9, abs=1e-6), (op, column)
+
+
+def test_closed_forms_are_the_documented_bytes_per_parameter():
+    """Per parameter and step, summed over N = 4 ranks: FSDP2-offload copies fp32 weights in twice (forward and
+    backward, the root once) and fp32 gradients out once; ZeRO-2-Offload copies fp32 gradients out and bf16
+    weights back; DDP all-reduces fp32 gradients (2 (N-1)/N x 4 B per rank)."""
+    model = tiny_model(layers=6)
+    p, layers = model.total_params, model.layers * model.layer_params
+    totals = {name: peer_step(name, model, machine(4), 256, 4).closed_form_totals() for name in SYSTEMS}
+    assert totals["fsdp2-offload"]["h2d_param"]["bytes"] == pytest.approx(4 * (p + layers))
+    assert totals["fsdp2-offload"]["d2h_grad"]["bytes"] == pytest.approx(4 * p)
+    assert totals["fsdp2-offload"]["adam"]["host_bytes"] == pytest.approx(28 * p)
+    assert totals["zero2-offload"]["h2d_param"]["bytes"] == pytest.approx(2 * p)
+    assert totals["zero2-offload"]["d2h_grad"]["bytes"] == pytest.approx(4 * p)
+    assert totals["zero2-offload"]["cast"]["host_bytes"] == pytest.approx(6 * p)
+    assert totals["zero3-offload"]["h2d_param"]["bytes"] == pytest.approx(2 * (p + layers))
+    assert totals["ddp-resident"]["allreduce"]["bytes"] == pytest.approx(4 * 2 * 3 / 4 * 4 * p)
+    assert totals["fsdp2-resident"]["reduce_scatter"]["bytes"] == pytest.approx(4 * 3 / 4 * 4 * p)
+    for name in ("ddp-resident", "fsdp2-resident"):
+        assert not {"h2d_param", "d2h_grad", "adam"} & set(totals[name])
+
+
+def test_cpu_optimizer_limit_matches_its_closed_form():
+    """Everything but the peer's CPU AdamW free: the step is the update of every parameter at that rate."""
+    model = tiny_model(layers=4)
+    hw = with_host(free_machine(1), peer_adam_gparams_per_s={TORCH_ADAMW_FUSED: {1: 0.001}}, cores=1)
+    step = PeerStep(SYSTEMS["fsdp2-offload"], peer_workload(model, hw, 256, 1))
+    assert simulate_peer(step).step_time_s == pytest.approx(model.total_params / 1e6, rel=0.01)
+
+
+def test_gpu_resident_step_is_its_compute_plus_the_gpu_update():
+    model = tiny_model(layers=4)
+    hw = with_gpu(free_machine(1), matmul_tflops=5.0, attention_tflops=5.0, adam_gparams_per_s=0.01)
+    step = peer_step("ddp-resident", model, hw, 256, 2)
+    compute = sum(u.fwd_s + u.bwd_s for u in step.w.units)
+    assert simulate_peer(step).step_time_s == pytest.approx(compute + model.total_params / 1e7, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", list(SYSTEMS))
+def test_faster_resources_never_slow_a_peer(name):
+    model = tiny_model(layers=5)
+    base = machine(2)
+    faster = [
+        with_host(base, peer_adam_gparams_per_s={k: {t: 3 * r for t, r in c.items()} for k, c in RATES.items()}),
+        with_host(base, mem_bw_gbps=400.0), with_gpu(base, h2d_gbps=100.0, d2h_gbps=100.0, duplex_gbps=200.0),
+        with_gpu(base, matmul_tflops=200.0, attention_tflops=200.0), with_link(base, bw_gbps=300.0),
+    ]
+    t0 = simulate_peer(peer_step(name, model, base, 512, 4)).step_time_s
+    for hw in faster:
+        assert simulate_peer(peer_step(name, model, hw, 512, 4)).step_time_s <= t0 * (1 + 0.01)
+
+
+def test_offloading_peers_wait_for_the_whole_backward_before_the_cpu_update():
+    step = peer_step("zero2-offload", tiny_model(layers=4), machine(1), 512, 2)
+    trace = simulate_peer(step).trace
+    last_backward = trace[trace.op.isin(["bwd", "d2h_grad"])].end_s.max()
+    cpu = trace[trace.op.isin(["clip", "adam", "cast"])]
+    assert cpu.start_s.min() >= last_backward - 1e-12
+    writeback = trace[(trace.op == "h2d_param")]
+    assert writeback.start_s.min() >= cpu.end_s.max() - 1e-12
+
+
+def test_a_peer_without_its_cpu_optimizer_rate_refuses_with_one_line():
+    hw = load_hardware("h200-x1")  # DeepSpeedCPUAdam was never timed alone there
+    with pytest.raises(SlideDPError, match="deepspeed_cpu_adam") as err:
+        peer_step("zero2-offload", load_model_spec("qwen3-4b"), hw, 4096, 1)
+    assert "\n" not in str(err.value) and "peer_adam_gparams_per_s" in str(err.value)
+    step = PeerStep(SYSTEMS["zero3-offload"], peer_workload(load_model_spec("qwen3-0.6b"), hw, 1024, 1))
+    with pytest.raises(SlideDPError, match="deepspeed_cpu_adam"):
+        build_peer_plan(step)
+    assert peer_step("fsdp2-offload", load_model_spec("qwen3-0.6b"), hw, 1024, 1)  # torch's rate is there
+
+
+def test_h200_preset_carries_the_probed_torch_rates():
+    host = load_hardware("h200-x1").host
+    assert host.peer_adam_gparams_per_s[TORCH_ADAMW_FUSED] == {4: 2.416, 8: 3.054, 16: 4.643}
+    assert DEEPSPEED_CPU_ADAM not in host.peer_adam_gparams_per_s
+    assert "h200_probe.json" in load_hardware("h200-x1").notes
+
+
+def test_specs_are_frozen_and_batch_must_divide():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SYSTEMS["ddp-resident"].gpu_weight_bytes = 2
+    with pytest.raises(SlideDPError, match="divisible"):
+        peer_step("ddp-resident", tiny_model(), machine(2), 256, 3)
