@@ -55,7 +55,7 @@ def read_mapping(path: str | Path, what: str) -> dict:
             data = yaml.safe_load(text)
     except RecursionError:
         raise SlideDPError(f"malformed {what} file {str(path)!r}: nested too deeply") from None
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+    except (ValueError, yaml.YAMLError) as exc:  # JSONDecodeError is a ValueError, so are 5,000-digit integers
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SlideDPError(f"malformed {what} file {str(path)!r}: {first}") from None
     if not isinstance(data, dict):

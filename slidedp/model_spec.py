@@ -194,7 +194,8 @@ class ModelSpec:
                 ffn=int(cfg["intermediate_size"]),
                 heads=heads,
                 kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or (hidden // heads if heads else 0)),
+                # an explicit head_dim is what transformers uses, even 0 (refused below): never a silent default
+                head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") is not None else (hidden // heads if heads else 0),
                 vocab=int(cfg["vocab_size"]),
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 qk_norm=str(cfg.get("model_type", "")).startswith("qwen3"),
