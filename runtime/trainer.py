@@ -97,6 +97,12 @@ class Trainer:
         s = self.spec
         if s.steps < 1:
             raise SlideDPError("--steps must be at least 1")
+        if s.policy.update_schedule == "as_ready" and s.on_nonfinite == "skip":
+            # as_ready applies each chunk's update as its gradient lands, before the step's norm is known: a
+            # non-finite step could only be skipped for the chunks that had not landed yet.
+            raise SlideDPError("update_schedule as_ready updates chunks before the step's gradient norm is known, "
+                               "so a non-finite step cannot be skipped cleanly: add --on-nonfinite stop (the run "
+                               "ends at the first one) or use next_forward")
         device = s.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -302,8 +308,11 @@ class Trainer:
             fh.flush()
             if stats.skipped:
                 if s.on_nonfinite == "stop":
+                    untouched = ("chunks updated before the norm was known (as_ready) keep their update; the last "
+                                 "checkpoint is intact" if s.policy.update_schedule == "as_ready"
+                                 else "the host state was not updated by that step")
                     raise TrainingStopped(f"non-finite gradient norm at step {step + 1}: stopped (--on-nonfinite "
-                                          f"stop); the host state was not updated by that step")
+                                          f"stop); {untouched}")
                 self.log(f"step {step + 1}: non-finite gradient norm, update skipped (host state untouched)")
             if self.on_step and comm.rank == 0:
                 self.on_step(step - start_step + 1, stats, dt)

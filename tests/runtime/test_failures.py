@@ -81,3 +81,14 @@ def test_preflight_names_what_is_short(tmp_path, capsys):
         err = capsys.readouterr().err
         assert code == 2 and "preflight:" in err and message in err
         assert not (tmp_path / "never").exists()
+
+
+def test_as_ready_with_skip_is_refused_and_stop_says_what_it_changed(tmp_path):
+    """as_ready updates chunks before the norm is known: skipping a non-finite step cleanly is impossible."""
+    policy = tmp_path / "as_ready.yaml"
+    Policy(update_schedule="as_ready", micro_batch=2).save(policy)
+    refused = _cli_train(tmp_path, tmp_path / "r", "--steps", "2", "--policy", str(policy), "--max-grad-norm", "0")
+    assert refused.returncode == 2 and "--on-nonfinite stop" in refused.stderr
+    stopped = _cli_train(tmp_path, tmp_path / "s", "--steps", "3", "--policy", str(policy), "--max-grad-norm", "0",
+                         "--on-nonfinite", "stop", env={"SLIDEDP_FAULT_NAN_STEP": "2"})
+    assert stopped.returncode == 3 and "keep their update" in stopped.stderr
