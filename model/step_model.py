@@ -54,7 +54,7 @@ class _Recurrence:
     backward and the tail, keeping each stream's time and the exposure the GPU meets on the way.
     """
 
-    def __init__(self, w: StepWorkload):
+    def __init__(self, w: StepWorkload, demands: dict[str, float] | None = None):
         self.w = w
         caps = resource_capacities(w.hw)
         self.c = w.chunks
@@ -67,9 +67,18 @@ class _Recurrence:
         # Ranks run in lockstep, so every rank copies at once: each gets at most 1/N of host DRAM.
         h2d_bw = min(h2d_bw, caps["hostmem"] / n)
         d2h_bw = min(d2h_bw, caps["hostmem"] / n)
+        # Host DRAM is shared in proportion to each flow's solo rate (sim/fluid.py): while the CPU update
+        # streams DRAM, the flows beside it slow by the same factor. Collectives that bounce through host DRAM
+        # (no peer access) meet the update for about the fraction of the step it runs (its time over the
+        # busiest resource's); the copies' slowdown is left to the phases' DRAM floors below.
+        share = 1.0
+        if w.policy.update_schedule != "after_backward" and demands is not None and w.hw.link.kind != "nvlink":
+            update_dram = n * sum(w.cpu_update_host_bytes_per_param()) / w.cpu_update_seconds_per_param()
+            duty = min(1.0, demands["cpu[0]"] / max(demands.values()))
+            share = 1.0 - duty * (1.0 - min(1.0, caps["hostmem"] / (n * (h2d_bw + d2h_bw) + update_dram)))
         coll_bw = w.collective_cap()
         if w.hw.link.kind != "nvlink":
-            coll_bw = min(coll_bw, caps["h2d[0]"], caps["d2h[0]"], caps["pcie[0]"] / 2)
+            coll_bw = min(coll_bw, caps["h2d[0]"], caps["d2h[0]"], caps["pcie[0]"] / 2) * share
         units, routes = w.units, w.routes
         self.gpu_state = [w.gpu_state(u) for u in range(len(units))]
         # GPU-state units move nothing over PCIe and cost the CPU nothing: zero host-side parameters.
@@ -260,7 +269,8 @@ class _Recurrence:
 
 
 def estimate_step(w: StepWorkload, with_memory: bool = True) -> StepEstimate:
-    recurrence = _Recurrence(w)
+    demands = resource_demands(w)
+    recurrence = _Recurrence(w, demands)
     rec = recurrence.run()
     host, duplex = recurrence.phase_traffic()
     caps = resource_capacities(w.hw)
@@ -275,7 +285,6 @@ def estimate_step(w: StepWorkload, with_memory: bool = True) -> StepEstimate:
                      else "h2d" if phase == "fwd" else "d2h"] += floor - length
             length = floor
         total += length
-    demands = resource_demands(w)
     bound = max(demands.values())
     step = max(total, bound)
     compute = sum(u.fwd_s + u.bwd_s + w.gpu_adam_s(i) for i, u in enumerate(w.units))

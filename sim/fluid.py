@@ -1,9 +1,16 @@
-"""Processor-sharing bandwidth for simpy: concurrent flows share every resource they cross, max-min fair.
+"""Processor-sharing bandwidth for simpy: concurrent flows share every resource they cross, each slowed by the
+same fraction of the rate it would reach alone (weighted max-min fairness, weights = solo rates).
 
 simpy's resources are FIFO servers; a PCIe link or host DRAM instead serves all flows at once at a
-shared rate. This manager keeps the set of active flows, recomputes their rates by progressive filling
-whenever a flow starts or ends (once per simulated instant, however many changes that instant has), and
-schedules only the next completion; stale wake-ups are recognised by a version counter.
+shared rate. This manager keeps the set of active flows, recomputes their rates by weighted progressive
+filling whenever a flow starts or ends (once per simulated instant, however many changes that instant has),
+and schedules only the next completion; stale wake-ups are recognised by a version counter.
+
+Why weighted, not plain max-min: on the H200 host (benchmarks/RESULTS.md, "Host contention"), the CPU AdamW
+pass (113 GB/s alone) and H2D + D2H copies (50 + 50 GB/s alone) run together at 82 and 39.5 + 39.5 GB/s: each
+lost the same ~28% of its solo rate, where plain max-min would have given the copies their whole solo rate
+first and charged the pass alone. Flows of equal solo rate (two GPUs' copies through one switch, say) split a
+resource equally under both rules.
 """
 
 from __future__ import annotations
@@ -93,37 +100,48 @@ class FluidNetwork:
         if version == self._version:
             self._reschedule()
 
+    def _solo_rate(self, f: _Flow) -> float:
+        """The rate ``f`` would reach alone: its own cap or its tightest resource."""
+        rate = f.cap
+        for i, k in f.usage:
+            if k > 0:
+                rate = min(rate, self.capacity[i] / k)
+        return rate if math.isfinite(rate) and rate > 0 else 1.0
+
     def _allocate(self) -> None:
-        """Max-min fair rates by progressive filling: raise all unfrozen flows together until a resource
-        saturates or a flow reaches its own cap, freeze those, repeat."""
+        """Weighted progressive filling: every unfrozen flow runs at the same fraction ``t`` of its solo rate;
+        raise ``t`` until a resource saturates or a flow reaches its own cap, freeze those flows, repeat."""
         flows = self.flows
         if not flows:
             return
         capacity = self.capacity
         left: dict[int, float] = {}
+        weight_of: dict[int, float] = {}
         for f in flows:
             f.rate = 0.0
+            weight_of[id(f)] = self._solo_rate(f)
             for i, _ in f.usage:
                 left[i] = capacity[i]
         active = flows
         while active:
-            weight: dict[int, float] = {}
+            load: dict[int, float] = {}
             step = math.inf
             for f in active:
-                room = f.cap - f.rate
+                w = weight_of[id(f)]
+                room = (f.cap - f.rate) / w
                 if room < step:
                     step = room
                 for i, k in f.usage:
-                    weight[i] = weight.get(i, 0.0) + k
-            for i, wsum in weight.items():
-                s = left[i] / wsum
+                    load[i] = load.get(i, 0.0) + k * w
+            for i, total in load.items():
+                s = left[i] / total
                 if s < step:
                     step = s
             for f in active:
-                f.rate += step
+                f.rate += step * weight_of[id(f)]
             saturated = set()
-            for i, wsum in weight.items():
-                remaining = left[i] - step * wsum
+            for i, total in load.items():
+                remaining = left[i] - step * total
                 left[i] = remaining
                 if remaining <= 1e-9 * capacity[i]:
                     saturated.add(i)
