@@ -1,18 +1,20 @@
 """Host contention on one GPU host, measured and predicted by the simulator's processor-sharing model.
 
-    python -m benchmarks.contention --out DIR [--params 268435456] [--profile h200-x1]
+    python -m benchmarks.contention --out DIR [--params 268435456] [--profile h200-x1] [--predict-only]
 
-Experiments (each the median of --repeats):
-  adam            the runtime's CPU AdamW pass (one-pass kernel, all cores) alone
-  adam+dma        the same pass while H2D and D2H copies run on their own streams the whole time
-  dma             H2D and D2H at once (pinned, 1 GiB pieces) alone: the two directions' rates
-  dma+adam        the same copies while the AdamW pass runs: their rates during it
-  h2d x1 / x2     H2D alone on one stream and on two streams at once
+Experiments (each the median of --repeats), with the AdamW pass at T threads (the runtime's one-pass kernel):
+  adamT                  the pass alone: seconds
+  adamT+h2d+d2h          the pass while H2D and D2H copy on their own streams the whole time: seconds
+  adamT+h2d, adamT+d2h   the pass with one copy direction running: seconds
+  dma@adamT              H2D and D2H GB/s while the pass runs
+  dma                    H2D and D2H at once, alone: GB/s of each
+  h2d_x1, h2d_x2         H2D alone on one stream and on two streams at once: GB/s
 
 Predictions: the same flows started together in the simulator's fluid network (sim/fluid.py), with the
-profile's capacities and the workload's CPU-pass caps: AdamW is a DRAM flow capped at the worker's rate,
-each copy crosses its PCIe direction, the duplex cap and host DRAM. Written to predictions.json before
-anything is measured; measured.json and a table follow.
+profile's capacities and the workload's CPU-pass caps: AdamW is a DRAM flow capped at the worker's rate at T
+threads, each copy crosses its PCIe direction, the duplex cap and host DRAM. Written to predictions.json before
+anything is measured; measured.json and a table follow. `slidedp calibrate` takes the DRAM capacity from
+adam16+h2d+d2h (calibration.contention_bench); the other experiments are held out.
 """
 
 from __future__ import annotations
@@ -20,34 +22,49 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import threading
-import time
 from pathlib import Path
 
 from benchmarks.common import log
 
-GIB = 2**30
+THREADS = (16, 8, 4)  # the pass's thread counts (the H200 host has 16 cores)
+WITH_COPIES = (("h2d", "d2h"), ("h2d",), ("d2h",))
 
 
-def predict(profile: str, params: int) -> dict:
+def _name(threads: int, directions: tuple[str, ...]) -> str:
+    return f"adam{threads}" + "".join(f"+{d}" for d in directions)
+
+
+def experiments(threads: tuple[int, ...]) -> list[tuple[str, int, tuple[str, ...]]]:
+    """(name, threads, copy directions) of every pass experiment: alone and with copies at each thread count;
+    one copy direction only at the largest."""
+    out = []
+    for t in threads:
+        out.append((_name(t, ()), t, ()))
+        for dirs in WITH_COPIES if t == max(threads) else WITH_COPIES[:1]:
+            out.append((_name(t, dirs), t, dirs))
+    return out
+
+
+def predict(profile: str, params: int, threads: tuple[int, ...] = THREADS) -> dict:
     """Each experiment's flows in the fluid network: seconds of the AdamW pass, GB/s of each copy."""
     from slidedp.hardware import load_hardware
     from slidedp.resources import adam_host_bytes_per_param, dma_usage
 
     hw = load_hardware(profile)
     per_param = adam_host_bytes_per_param(2, hw.host.fused_cast)
-    adam = (per_param * params, {"hostmem": 1.0}, hw.host.adam_rate(hw.host.cores) * per_param)
     endless = 1e15  # copies that outlast every window
-    h2d, d2h = (endless, dma_usage(hw, 0, "h2d"), float("inf")), (endless, dma_usage(hw, 0, "d2h"), float("inf"))
-    out: dict = {"profile": hw.name, "params": params, "adam_threads": hw.host.cores}
-    out["adam_s"] = _fluid(hw, {"adam": adam}, until="adam")["adam_end"]
-    both = _fluid(hw, {"adam": adam, "h2d": h2d, "d2h": d2h}, until="adam")
-    out["adam+dma_s"] = both["adam_end"]
-    out["dma+adam_h2d_gbps"], out["dma+adam_d2h_gbps"] = both["h2d"] / 1e9, both["d2h"] / 1e9
-    alone = _fluid(hw, {"h2d": h2d, "d2h": d2h}, until=1.0)
+    copy = {d: (endless, dma_usage(hw, 0, d), float("inf")) for d in ("h2d", "d2h")}
+    out: dict = {"profile": hw.name, "params": params, "mem_bw_gbps": hw.host.mem_bw_gbps}
+    for name, t, dirs in experiments(threads):
+        adam = (per_param * params, {"hostmem": 1.0}, hw.host.adam_rate(t) * per_param)
+        run = _fluid(hw, {"adam": adam, **{d: copy[d] for d in dirs}}, until="adam")
+        out[f"{name}_s"] = run["adam_end"]
+        if dirs == ("h2d", "d2h"):
+            out[f"dma@adam{t}_h2d_gbps"], out[f"dma@adam{t}_d2h_gbps"] = run["h2d"] / 1e9, run["d2h"] / 1e9
+    alone = _fluid(hw, {"h2d": copy["h2d"], "d2h": copy["d2h"]}, until=1.0)
     out["dma_h2d_gbps"], out["dma_d2h_gbps"] = alone["h2d"] / 1e9, alone["d2h"] / 1e9
-    out["h2d_x1_gbps"] = _fluid(hw, {"a": h2d}, until=1.0)["a"] / 1e9
-    two = _fluid(hw, {"a": h2d, "b": h2d}, until=1.0)
+    out["h2d_x1_gbps"] = _fluid(hw, {"a": copy["h2d"]}, until=1.0)["a"] / 1e9
+    two = _fluid(hw, {"a": copy["h2d"], "b": copy["h2d"]}, until=1.0)
     out["h2d_x2_gbps"] = (two["a"] + two["b"]) / 1e9
     return out
 
@@ -72,86 +89,30 @@ def _fluid(hw, flows: dict[str, tuple[float, dict, float]], until: str | float) 
     return out
 
 
-def measure(params: int, repeats: int) -> dict:
-    import torch
+def measure(params: int, repeats: int, threads: tuple[int, ...] = THREADS) -> dict:
+    from slidedp.calibration.contention_bench import ContentionRig
 
-    from slidedp.runtime.cpu_adam import fused_kernel, fused_kernel_error
-
-    kernel = fused_kernel()
-    if kernel is None:
-        raise SystemExit(f"the one-pass kernel did not build: {fused_kernel_error()}")
-    torch.set_num_threads(torch.get_num_threads())
-    p, m, v = torch.randn(params), torch.zeros(params), torch.zeros(params)
-    slot = torch.randn(params).bfloat16()
-    step = [0]
-
-    def adam() -> float:
-        step[0] += 1
-        t0 = time.perf_counter()
-        kernel.adamw_bf16(p, m, v, slot, 1e-5, 0.9, 0.95, 1e-8, 0.0, float(step[0]), 1.0)
-        return time.perf_counter() - t0
-
-    piece = GIB
-    h_src = torch.empty(piece, dtype=torch.uint8, pin_memory=True)
-    h_dst = torch.empty(piece, dtype=torch.uint8, pin_memory=True)
-    d_dst = torch.empty(piece, dtype=torch.uint8, device="cuda")
-    d_src = torch.empty(piece, dtype=torch.uint8, device="cuda")
-    d_two = torch.empty(piece, dtype=torch.uint8, device="cuda")
-    s_h2d, s_d2h, s_two = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
-
-    def copies(stop: threading.Event | None, seconds: float, directions: tuple[str, ...]) -> dict[str, float]:
-        """Copy 1 GiB pieces back to back in each direction until ``stop`` (or ``seconds``); GB/s each."""
-        moved = dict.fromkeys(directions, 0)
-        t0 = time.perf_counter()
-        while (stop is None and time.perf_counter() - t0 < seconds) or (stop is not None and not stop.is_set()):
-            for d in directions:
-                if d == "h2d":
-                    with torch.cuda.stream(s_h2d):
-                        d_dst.copy_(h_src, non_blocking=True)
-                elif d == "h2d_b":
-                    with torch.cuda.stream(s_two):
-                        d_two.copy_(h_src, non_blocking=True)
-                else:
-                    with torch.cuda.stream(s_d2h):
-                        h_dst.copy_(d_src, non_blocking=True)
-                moved[d] += piece
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        return {d: b / dt / 1e9 for d, b in moved.items()}
-
-    adam()  # warm-up: pages touched, threads started
-    copies(None, 0.5, ("h2d", "d2h"))
-    out: dict = {"params": params, "threads": torch.get_num_threads()}
-    out["adam_s"] = statistics.median(adam() for _ in range(repeats))
-    with_dma, dma_during = [], []
-    for _ in range(repeats):
-        stop, result = threading.Event(), {}
-        worker = threading.Thread(target=lambda stop=stop, result=result: result.update(
-            rates=copies(stop, 0.0, ("h2d", "d2h"))))
-        worker.start()
-        time.sleep(0.2)  # copies at full rate before the pass starts
-        with_dma.append(adam())
-        stop.set()
-        worker.join()
-        dma_during.append(result["rates"])
-    out["adam+dma_s"] = statistics.median(with_dma)
-    alone = [copies(None, 2.0, ("h2d", "d2h")) for _ in range(repeats)]
+    rig = ContentionRig(params)
+    if rig.kernel is None:
+        raise SystemExit("the one-pass kernel did not build; the experiments time it")
+    rig.adam()  # warm-up: pages touched, threads started
+    rig.copies(("h2d", "d2h"), seconds=0.5)
+    out: dict = {"params": params}
+    for name, t, dirs in experiments(threads):
+        if dirs:
+            out[f"{name}_s"] = statistics.median(rig.adam_during(dirs, t)[0] for _ in range(repeats))
+        else:
+            out[f"{name}_s"] = statistics.median(rig.adam(t) for _ in range(repeats))
+        if dirs == ("h2d", "d2h"):
+            during = [rig.copies_during_adam(dirs, t) for _ in range(repeats)]
+            out[f"dma@adam{t}_h2d_gbps"] = statistics.median(r["h2d"] for r in during)
+            out[f"dma@adam{t}_d2h_gbps"] = statistics.median(r["d2h"] for r in during)
+    alone = [rig.copies(("h2d", "d2h"), seconds=2.0) for _ in range(repeats)]
     out["dma_h2d_gbps"] = statistics.median(r["h2d"] for r in alone)
     out["dma_d2h_gbps"] = statistics.median(r["d2h"] for r in alone)
-    # Copies while a pass runs: the pass in a thread (the kernel releases the GIL), copies until it ends.
-    during = []
-    for _ in range(repeats):
-        stop = threading.Event()
-        t = threading.Thread(target=lambda stop=stop: (adam(), stop.set()))
-        t.start()
-        during.append(copies(stop, 0.0, ("h2d", "d2h")))
-        t.join()
-    out["dma+adam_h2d_gbps"] = statistics.median(r["h2d"] for r in during)
-    out["dma+adam_d2h_gbps"] = statistics.median(r["d2h"] for r in during)
-    out["h2d_x1_gbps"] = statistics.median(copies(None, 2.0, ("h2d",))["h2d"] for _ in range(repeats))
-    out["h2d_x2_gbps"] = statistics.median(sum(copies(None, 2.0, ("h2d", "h2d_b")).values())
+    out["h2d_x1_gbps"] = statistics.median(rig.copies(("h2d",), seconds=2.0)["h2d"] for _ in range(repeats))
+    out["h2d_x2_gbps"] = statistics.median(sum(rig.copies(("h2d", "h2d_b"), seconds=2.0).values())
                                            for _ in range(repeats))
-    out["dma_during_adam_while_timing_adam"] = dma_during
     return out
 
 
@@ -172,8 +133,7 @@ def main() -> None:
         return
     measured = measure(args.params, args.repeats)
     (out / "measured.json").write_text(json.dumps(measured, indent=1))
-    for key in ("adam_s", "adam+dma_s", "dma_h2d_gbps", "dma_d2h_gbps", "dma+adam_h2d_gbps", "dma+adam_d2h_gbps",
-                "h2d_x1_gbps", "h2d_x2_gbps"):
+    for key in (k for k in predicted if k in measured and k != "params"):
         p, m = predicted[key], measured[key]
         log(f"{key:20s} predicted {p:9.4f} measured {m:9.4f} error {100 * (p - m) / m:+6.1f}%")
 

@@ -73,7 +73,7 @@ def drive(args) -> int:
         cmd = [*launcher, "-m", "benchmarks.peer_compare", "--worker", system, "--model", args.model,
                "--seq", str(args.seq), "--batches", *map(str, args.batches), "--steps", str(args.steps),
                "--out", str(out), "--device", args.device, "--profile", args.profile, "--port", str(args.port + i),
-               "--gpus", str(args.gpus)]
+               "--gpus", str(args.gpus)] + (["--phases"] if args.phases else [])
         if args.slidedp_gpu_budget is not None:
             cmd += ["--slidedp-gpu-budget", str(args.slidedp_gpu_budget)]
         log(f"=== {system}: {' '.join(cmd[1:])}")
@@ -111,6 +111,8 @@ def main() -> int:
     p.add_argument("--port", type=int, default=29611)
     p.add_argument("--slidedp-gpu-budget", type=float, metavar="GIB",
                    help="GPU memory the SlideDP tuner may plan for (default: its usual fraction of the GPU)")
+    p.add_argument("--phases", action="store_true",
+                   help="also time each phase of the peers' steps (synchronises at every phase: diagnosis only)")
     p.add_argument("--out", default="peer_results")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--collate", action="store_true", help="only rebuild table and plot from --out")
@@ -127,7 +129,8 @@ def main() -> int:
         append_jsonl(results, row)
         shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()
                  if k in ("system", "batch", "status", "step_time_s", "tokens_per_s", "model_tflops", "gpu_peak_gib",
-                          "host_rss_peak_gib", "predicted_step_time_s", "limiter", "predicted_limiter", "error")}
+                          "host_rss_peak_gib", "predicted_step_time_s", "limiter", "predicted_limiter", "error",
+                          "phase_s")}
         log(f"  {shown}")
 
     WORKERS[args.worker](args, emit)

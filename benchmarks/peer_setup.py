@@ -138,7 +138,43 @@ def materialise_(module, cfg, device: str, seed: int = 0) -> None:
     inner.model.rotary_emb = type(inner.model.rotary_emb)(config=cfg).to(device)
 
 
-def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, extra: dict | None = None) -> None:
+class PhaseClock:
+    """Seconds of each phase of a step (forward, backward, clip, optimizer step, ...), with a device
+    synchronisation at every mark; off (no synchronisation, nothing recorded) unless ``--phases`` asked for it,
+    since the extra synchronisations can hide overlap the timed steps would otherwise have."""
+
+    def __init__(self, on: bool, cuda: bool):
+        self.on, self.cuda = on, cuda
+        self.steps: list[dict[str, float]] = []
+        self._t = 0.0
+
+    def start(self) -> None:
+        if self.on:
+            self._sync()
+            self.steps.append({})
+            self._t = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        if self.on:
+            self._sync()
+            now = time.perf_counter()
+            self.steps[-1][phase] = now - self._t
+            self._t = now
+
+    def medians(self) -> dict[str, float]:
+        """Each phase's median over the steps after the first (warm-up)."""
+        timed = self.steps[1:] or self.steps
+        return {k: statistics.median(s[k] for s in timed if k in s) for k in (timed[0] if timed else {})}
+
+    def _sync(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+
+def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, extra: dict | None = None,
+                 clock: PhaseClock | None = None) -> None:
     """Run ``args.steps`` steps per global batch through ``step_fn(input_ids, labels)``, each rank on its
     ``batch / world`` sequences; rank 0 emits one row per batch (host memory summed over the ranks)."""
     import torch
@@ -164,6 +200,8 @@ def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, ext
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         times, loss = [], float("nan")
+        if clock is not None:
+            clock.steps.clear()
         try:
             for _ in range(args.steps):
                 if cuda:
@@ -188,6 +226,8 @@ def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, ext
                    gpu_peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
                    gpu_reserved_gib=torch.cuda.max_memory_reserved() / 2**30 if cuda else float("nan"),
                    host_rss_gib=rss, host_rss_peak_gib=rss_peak, final_loss=float(loss))
+        if clock is not None and clock.steps:
+            row["phase_s"] = clock.medians()
         if ranks.rank == 0:
             emit(row)
 

@@ -23,6 +23,7 @@ from benchmarks.peer_setup import (
     CLIP,
     EPS,
     LR,
+    PhaseClock,
     Ranks,
     build_lm,
     materialise_,
@@ -87,10 +88,16 @@ def run_fsdp2(args, emit, ranks: Ranks, offload: bool) -> None:
     state = {"opt": torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0, fused=True),
              "kind": f"torch AdamW fused ({where})"}
 
+    clock = PhaseClock(getattr(args, "phases", False), cuda)
+
     def step(x, y):
+        clock.start()
         loss = module(x, y)
+        clock.mark("forward")
         loss.backward()
+        clock.mark("backward")
         torch.nn.utils.clip_grad_norm_(params, CLIP)
+        clock.mark("clip")
         try:
             state["opt"].step()
         except (RuntimeError, NotImplementedError) as exc:  # fused AdamW over these DTensors not available
@@ -98,14 +105,17 @@ def run_fsdp2(args, emit, ranks: Ranks, offload: bool) -> None:
             state["opt"] = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0, foreach=True)
             state["kind"] = f"torch AdamW foreach ({where})"
             state["opt"].step()
+        clock.mark("optimizer")
         state["opt"].zero_grad(set_to_none=True)
+        clock.mark("zero_grad")
         return loss.detach()
 
     def emit_kind(row):
         emit({**row, "optimizer": state["kind"], "implementation": "FSDP2" + (" CPUOffloadPolicy" if offload else "")})
 
     try:
-        time_batches("fsdp2-offload" if offload else "resident", args, ranks, cfg.vocab_size, step, emit_kind)
+        time_batches("fsdp2-offload" if offload else "resident", args, ranks, cfg.vocab_size, step, emit_kind,
+                     clock=clock)
     finally:
         dist.destroy_process_group()
 
@@ -134,14 +144,21 @@ def run_deepspeed_offload(args, emit) -> None:
     engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
     log(f"deepspeed-offload: initialize (incl. CPU Adam JIT build) {time.perf_counter() - t0:.1f} s")
 
+    clock = PhaseClock(getattr(args, "phases", False), ranks.device.startswith("cuda"))
+
     def step(x, y):
+        clock.start()
         loss = engine(x, y)
+        clock.mark("forward")
         engine.backward(loss)
+        clock.mark("backward")
         engine.step()
+        clock.mark("optimizer")
         return loss.detach()
 
     time_batches("deepspeed-offload", args, ranks, cfg.vocab_size, step, emit,
-                 {"optimizer": "DeepSpeedCPUAdam (ZeRO-2 offload_optimizer cpu)", "deepspeed": deepspeed.__version__})
+                 {"optimizer": "DeepSpeedCPUAdam (ZeRO-2 offload_optimizer cpu)", "deepspeed": deepspeed.__version__},
+                 clock=clock)
 
 
 def slidedp_space(host_state_only: bool):

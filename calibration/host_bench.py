@@ -23,6 +23,13 @@ def thread_counts(cores: int) -> list[int]:
     return sorted(counts)
 
 
+def peer_thread_counts() -> list[int]:
+    """Thread counts the peers' optimizers are timed at (each in its own process, so fewer than ours):
+    a quarter, half and all of the cores."""
+    cores = os.cpu_count() or 1
+    return sorted({max(1, cores // 4), max(1, cores // 2), cores})
+
+
 def _adam_update(kernel, p: torch.Tensor, mom: torch.Tensor, var: torch.Tensor, slot: torch.Tensor):
     """One AdamW step over ``p`` the way the runtime does it: the one-pass kernel, else torch's fused."""
     steps = torch.zeros(())

@@ -37,6 +37,10 @@ class Measurements:
     # The host passes ran on arrays small enough to live in the CPU caches (--quick): their rates are real
     # for the kernels, but they say nothing about DRAM capacity.
     cache_resident: bool = False
+    # The AdamW pass with H2D + D2H copying (calibration.contention_bench): seconds, GB/s of each and in total.
+    contention: dict[str, float] = field(default_factory=dict)
+    # The peers' CPU AdamW implementations (calibration.peer_bench): implementation -> threads -> G params/s.
+    peer_adam_gparams_per_s: dict[str, dict[int, float]] = field(default_factory=dict)
     report: dict = field(default_factory=dict)
 
 

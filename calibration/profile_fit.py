@@ -18,8 +18,9 @@ from slidedp.resources import ADAM_HOST_BYTES_BASE, FUSED_ADAM_HOST_BYTES
 
 
 def dram_capacity_gbps(m: Measurements) -> float:
-    """Host DRAM capacity as the most traffic any single measurement pushed through it: the copy pass,
-    the AdamW pass (rate x bytes it reads and writes per parameter) or H2D + D2H DMA at once.
+    """Host DRAM capacity as the most traffic any measurement pushed through it: the copy pass, the AdamW pass
+    (rate x bytes it reads and writes per parameter), H2D + D2H DMA at once, or (on CUDA hosts, the one that
+    counts) the AdamW pass and both copy directions together (``contention_bench``).
 
     No one benchmark saturates DRAM: a copy at 16 threads is limited by the cores' load/store rate (and
     counts no write-allocate reads), so taking it alone under-states DRAM by ~2x on the H200 host and makes
@@ -27,8 +28,17 @@ def dram_capacity_gbps(m: Measurements) -> float:
     bytes_per_param = FUSED_ADAM_HOST_BYTES if m.adam_fused_cast else ADAM_HOST_BYTES_BASE + 4
     candidates = [max(m.stream_gbps.values(), default=0.0),
                   max(m.adam_gparams_per_s.values(), default=0.0) * bytes_per_param,
-                  m.duplex_gbps or 0.0]
+                  m.duplex_gbps or 0.0,
+                  m.contention.get("total_gbps", 0.0)]
     return max(candidates)
+
+
+def _dram_capacity(base: HardwareProfile, m: Measurements) -> float:
+    """--quick's host passes fit the CPU caches and say nothing of DRAM; its contention run does not (its arrays
+    are hundreds of MB), so it alone sets the capacity there, and the base's value stays without it."""
+    if not m.cache_resident:
+        return dram_capacity_gbps(m)
+    return m.contention["total_gbps"] if m.contention else base.host.mem_bw_gbps
 
 
 # What a fitted value may be before it is believed: a GPU's backward costs 1.5x-4x its forward (weight and
@@ -41,13 +51,15 @@ def profile_from(base: HardwareProfile, m: Measurements) -> tuple[HardwareProfil
     """``base`` with every field these measurements cover replaced; the report holds the fit residuals and,
     under ``warnings``, one line per fit that was not credible (its fields then keep the base's values)."""
     warnings: list[str] = list(m.report.get("warnings", []))
+    peers = {**base.host.peer_adam_gparams_per_s,
+             **{impl: thread_curve(curve, curve.values()) for impl, curve in m.peer_adam_gparams_per_s.items()}}
     host = replace(base.host, cores=os.cpu_count() or base.host.cores,
                    stream_gbps=thread_curve(m.stream_gbps, m.stream_gbps.values()),
                    adam_gparams_per_s=thread_curve(m.adam_gparams_per_s, m.adam_gparams_per_s.values()),
                    cast_gelems_per_s=thread_curve(m.cast_gelems_per_s, m.cast_gelems_per_s.values()),
-                   mem_bw_gbps=base.host.mem_bw_gbps if m.cache_resident else dram_capacity_gbps(m),
-                   fused_cast=m.adam_fused_cast)
-    if m.cache_resident:
+                   mem_bw_gbps=_dram_capacity(base, m), fused_cast=m.adam_fused_cast,
+                   peer_adam_gparams_per_s=peers)
+    if m.cache_resident and not m.contention:
         warnings.append(f"host DRAM capacity: the --quick passes fit the CPU caches; kept "
                         f"{base.host.mem_bw_gbps:g} GB/s from {base.name}")
     gpu = base.gpu

@@ -16,9 +16,11 @@ from slidedp.model_spec import load_model_spec
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    from slidedp.calibration.contention_bench import contention_benchmark
     from slidedp.calibration.from_run import mape, refit_profile, validate
     from slidedp.calibration.gpu_bench import gpu_benchmarks, layer_benchmarks
-    from slidedp.calibration.host_bench import host_benchmarks
+    from slidedp.calibration.host_bench import host_benchmarks, peer_thread_counts
+    from slidedp.calibration.peer_bench import peer_adam_benchmarks
     from slidedp.calibration.profile_fit import profile_from
     from slidedp.calibration.shape_bench import shape_samples
 
@@ -36,14 +38,17 @@ def run_calibrate(args: argparse.Namespace) -> int:
     else:
         with progress_callback("micro-benchmarks") as progress:
             measured = host_benchmarks(args.quick, progress)
+            peer_adam_benchmarks(measured, args.quick, peer_thread_counts(), progress)
             gpu_benchmarks(measured, args.quick, progress)
+            contention_benchmark(measured, args.quick)
             for model in args.model or []:
                 layer_benchmarks(measured, model, args.quick, progress)
             if torch.cuda.is_available():  # the shape-aware compute curves (gpu.compute)
                 measured.shapes = shape_samples(args.model[0] if args.model else None, args.quick, progress)
             else:
-                console.print("  no CUDA device: PCIe, GPU compute curves and collectives are kept from "
-                              f"{base.name}; only the host and (with --model) this CPU's layer timings are measured")
+                console.print("  no CUDA device: PCIe, DRAM under DMA contention, GPU compute curves and "
+                              f"collectives are kept from {base.name}; only the host and (with --model) "
+                              "this CPU's layer timings are measured")
         profile, report = profile_from(base, measured)
     warnings = report.pop("warnings", [])
     for key, value in report.items():

@@ -100,7 +100,11 @@ class PeerStep:
 
     # ---- rates (bytes/s of DRAM for the CPU passes, as SlideDP's own CPU ops) --------------------------------
     def clip_cap(self) -> float:
-        return self.w.hw.host.stream_rate(self.w.adam_threads)
+        """DRAM bytes/s of the clip passes: the system's measured clip rate, else the host's streaming rate."""
+        host, clip = self.w.hw.host, self.system.cpu_clip
+        if clip is None:
+            return host.stream_rate(self.w.adam_threads)
+        return host.peer_adam_rate(clip, self.w.adam_threads) * self.system.clip_host_bytes
 
     def adam_cap(self) -> float:
         """The peer's measured CPU AdamW rate; refuses (SlideDPError) where the profile lacks it."""
@@ -118,6 +122,7 @@ class PeerStep:
         """Refuse before anything is simulated when the peer's CPU optimizer rate is not in the profile."""
         if self.system.updates_on_cpu:
             self.adam_cap()
+            self.clip_cap()
 
     # ---- factors ---------------------------------------------------------------------------------------------
     def _gather_factor(self, nbytes: int) -> float:

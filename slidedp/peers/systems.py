@@ -32,9 +32,13 @@ from typing import Literal
 
 from slidedp.errors import SlideDPError
 
-# Keys of HostSpec.peer_adam_gparams_per_s: the CPU AdamW implementations the peers run.
+# Keys of HostSpec.peer_adam_gparams_per_s: the CPU optimizer-phase implementations the peers run (G params/s).
 TORCH_ADAMW_FUSED = "torch_adamw_fused"
 DEEPSPEED_CPU_ADAM = "deepspeed_cpu_adam"
+# torch.nn.utils.clip_grad_norm_ over CPU gradients (norm, then scale): FSDP2-offload's clip. On the H200 it took
+# 2.0 s for Qwen3-4B's 4.0 G parameters (benchmarks/RESULTS.md), 3x what 12 B/param at the host's streaming rate
+# gives, so it is a measured rate of its own rather than DRAM bytes at SlideDP's streaming rate.
+TORCH_CLIP_GRAD_NORM = "torch_clip_grad_norm"
 
 # reduce_bucket_size of the measured DeepSpeed runs (benchmarks/peer_systems.py).
 ZERO_BUCKET_PARAMS = 200_000_000
@@ -51,8 +55,10 @@ class PeerSystem:
     shards ((N-1)/N of them cross the GPU links) when the system shards weights (``shards_weights``).
     Gradients: reduced over the ranks by ``grad_collective`` in ``grad_collective_bytes`` elements, then each
     rank copies its 1/N (``grad_d2h_bytes``) to the host. Optimizer: on the CPU after backward (clip passes of
-    ``clip_host_bytes`` DRAM bytes, then ``cpu_adam`` at that implementation's measured rate, then optionally a
-    cast to bf16 and a copy of the new weights back to the GPUs) or on the GPU (fused AdamW on each rank's state).
+    ``clip_host_bytes`` DRAM bytes, at ``cpu_clip``'s measured rate where the system clips with that
+    implementation and at the host's streaming rate otherwise, then ``cpu_adam`` at that implementation's measured
+    rate, then optionally a cast to bf16 and a copy of the new weights back to the GPUs) or on the GPU (fused AdamW
+    on each rank's state).
     Memory: bytes each GPU holds all step (``gpu_weight_bytes``, ``gpu_moment_bytes``) and at the end of backward
     (``gpu_grad_bytes``), divided over the ranks where ``gpu_state_sharded``; ``autocast_cache`` counts the bf16
     copies autocast keeps of fp32 weights until forward ends; ``grad_bucket_params`` is DeepSpeed's gradient
@@ -80,6 +86,7 @@ class PeerSystem:
     autocast_cache: bool
     host_state_bytes: int
     grad_bucket_params: int = 0  # gradients are reduced through a contiguous bf16 bucket of this many elements
+    cpu_clip: str | None = None  # a measured clip implementation (key of peer_adam_gparams_per_s), else DRAM-bound
 
     @property
     def shards_weights(self) -> bool:
@@ -127,7 +134,7 @@ SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
         grad_collective="reduce_scatter", grad_collective_bytes=4, grad_d2h_bytes=4,
         optimizer="cpu", cpu_adam=TORCH_ADAMW_FUSED, clip_host_bytes=12, cast_after_step=False, writeback_h2d_bytes=0,
         gpu_weight_bytes=0, gpu_moment_bytes=0, gpu_grad_bytes=0, gpu_state_sharded=True, autocast_cache=False,
-        host_state_bytes=16),
+        host_state_bytes=16, cpu_clip=TORCH_CLIP_GRAD_NORM),
     PeerSystem(
         name="fsdp2-resident", summary="PyTorch FSDP2 without offload: optimizer sharded over the GPUs",
         fetch_h2d_bytes=0, gathered_bytes=2, refetch_in_backward=True,

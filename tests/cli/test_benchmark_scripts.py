@@ -94,6 +94,11 @@ def test_contention_predictions_follow_the_profiles_caps(tmp_path):
     p = json.loads((tmp_path / "predictions.json").read_text())
     assert p["h2d_x1_gbps"] == pytest.approx(55.14) and p["h2d_x2_gbps"] == pytest.approx(55.14)  # one link
     assert p["dma_h2d_gbps"] + p["dma_d2h_gbps"] == pytest.approx(101.1)  # both directions: the duplex cap
-    assert p["adam+dma_s"] > p["adam_s"] and p["dma+adam_h2d_gbps"] < p["dma_h2d_gbps"]
-    # the one-pass rate at 16 threads (4.523 G params/s x 28 B) or host DRAM (126.6 GB/s), whichever is lower
-    assert p["adam_s"] == pytest.approx(2**24 * 28 / min(4.523e9 * 28, 126.6e9))
+    assert p["adam16+h2d+d2h_s"] > p["adam16+h2d_s"] > p["adam16_s"]
+    assert p["dma@adam16_h2d_gbps"] < p["dma@adam8_h2d_gbps"] < p["dma_h2d_gbps"]  # a faster pass takes more DRAM
+    # the one-pass rate at 16 threads (4.523 G params/s x 28 B) or host DRAM (158.6 GB/s), whichever is lower
+    assert p["adam16_s"] == pytest.approx(2**24 * 28 / min(4.523e9 * 28, 158.6e9))
+    # with both copies: every flow at the same fraction of its solo rate (each copy alone: 55.14 / 55.04 GB/s),
+    # DRAM full
+    solo = 4.523e9 * 28 + 55.14e9 + 55.04e9
+    assert p["adam16+h2d+d2h_s"] == pytest.approx(2**24 * 28 / (4.523e9 * 28 * 158.6e9 / solo), rel=1e-6)

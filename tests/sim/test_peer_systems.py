@@ -11,10 +11,11 @@ from slidedp.errors import SlideDPError
 from slidedp.hardware import load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.peers import SYSTEMS, PeerStep, build_peer_plan, peer_step, peer_workload, simulate_peer
-from slidedp.peers.systems import DEEPSPEED_CPU_ADAM, TORCH_ADAMW_FUSED
+from slidedp.peers.systems import DEEPSPEED_CPU_ADAM, TORCH_ADAMW_FUSED, TORCH_CLIP_GRAD_NORM
 from tests.builders import free_machine, tiny_model, with_gpu, with_host, with_link
 
-RATES = {TORCH_ADAMW_FUSED: {1: 1.0, 8: 4.0}, DEEPSPEED_CPU_ADAM: {1: 1.5, 8: 5.0}}
+RATES = {TORCH_ADAMW_FUSED: {1: 1.0, 8: 4.0}, DEEPSPEED_CPU_ADAM: {1: 1.5, 8: 5.0},
+         TORCH_CLIP_GRAD_NORM: {1: 2.0, 8: 8.0}}
 
 
 def machine(gpus: int = 1, link: str = "nvlink", rates: dict | None = None):
@@ -66,9 +67,21 @@ def test_closed_forms_are_the_documented_bytes_per_parameter():
 def test_cpu_optimizer_limit_matches_its_closed_form():
     """Everything but the peer's CPU AdamW free: the step is the update of every parameter at that rate."""
     model = tiny_model(layers=4)
-    hw = with_host(free_machine(1), peer_adam_gparams_per_s={TORCH_ADAMW_FUSED: {1: 0.001}}, cores=1)
+    hw = with_host(free_machine(1), peer_adam_gparams_per_s={TORCH_ADAMW_FUSED: {1: 0.001},
+                                                             TORCH_CLIP_GRAD_NORM: {1: 1e6}}, cores=1)
     step = PeerStep(SYSTEMS["fsdp2-offload"], peer_workload(model, hw, 256, 1))
     assert simulate_peer(step).step_time_s == pytest.approx(model.total_params / 1e6, rel=0.01)
+
+
+def test_measured_clip_rate_sets_fsdp2_offloads_clip_pass():
+    """FSDP2-offload's clip runs at torch's measured clip_grad_norm_ rate; ZeRO-2's at the streaming rate."""
+    model = tiny_model(layers=4)
+    hw = with_host(free_machine(1), peer_adam_gparams_per_s={TORCH_ADAMW_FUSED: {1: 1e6}, DEEPSPEED_CPU_ADAM: {1: 1e6},
+                                                             TORCH_CLIP_GRAD_NORM: {1: 0.001}}, cores=1)
+    assert simulate_peer(PeerStep(SYSTEMS["fsdp2-offload"], peer_workload(model, hw, 256, 1))).step_time_s == \
+        pytest.approx(model.total_params / 1e6, rel=0.01)
+    assert simulate_peer(PeerStep(SYSTEMS["zero2-offload"], peer_workload(model, hw, 256, 1))).step_time_s < \
+        model.total_params / 1e7
 
 
 def test_gpu_resident_step_is_its_compute_plus_the_gpu_update():

@@ -1,0 +1,133 @@
+"""Host DRAM under contention (CUDA hosts): the CPU AdamW pass alone and while H2D and D2H copies run on their own
+streams the whole time, and the copies' rates during the pass.
+
+Why it is measured: no single benchmark saturates host DRAM (the AdamW pass alone is bound by the cores, a copy
+by the PCIe link), so the capacity the simulator shares between the CPU passes and DMA can only be read off a run
+of both at once. On the H200 host the pass and the copies together moved 161 GB/s where the busiest single
+benchmark moved 127 (benchmarks/RESULTS.md, "Host contention"). ``benchmarks.contention`` uses the same
+primitives for its held-out experiments.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from slidedp.calibration.measurements import Measurements
+
+PIECE_BYTES = 2**30  # one copy: long enough that launch gaps do not matter, short enough to stop promptly
+
+
+@dataclass
+class ContentionRig:
+    """Buffers and streams for the experiments: an AdamW pass over ``params`` fp32 parameters (the runtime's
+    one-pass kernel, bf16 gradient/weight slot) and pinned 1 GiB copies in each direction."""
+
+    params: int
+
+    def __post_init__(self) -> None:
+        from slidedp.runtime.cpu_adam import fused_kernel
+
+        self.kernel = fused_kernel()
+        n = self.params
+        self.p, self.m, self.v = torch.randn(n), torch.zeros(n), torch.zeros(n)
+        self.slot = torch.randn(n).bfloat16()
+        self.step = 0
+        piece = PIECE_BYTES
+        self.host_src = torch.empty(piece, dtype=torch.uint8, pin_memory=True)
+        self.host_dst = torch.empty(piece, dtype=torch.uint8, pin_memory=True)
+        self.dev = {d: torch.empty(piece, dtype=torch.uint8, device="cuda") for d in ("h2d", "h2d_b", "d2h")}
+        self.streams = {d: torch.cuda.Stream() for d in self.dev}
+
+    @property
+    def adam_bytes_per_param(self) -> int:
+        """DRAM bytes the pass moves per parameter: read p, m, v, g; write p, m, v, bf16 weight (or the torch
+        path's fp32 gradient and separate cast)."""
+        from slidedp.resources import adam_host_bytes_per_param
+
+        return adam_host_bytes_per_param(2, self.kernel is not None)
+
+    def adam(self, threads: int | None = None) -> float:
+        """Seconds of one AdamW pass (``threads`` intra-op threads, default: as set)."""
+        saved = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(threads)
+        self.step += 1
+        try:
+            t0 = time.perf_counter()
+            if self.kernel is not None:
+                self.kernel.adamw_bf16(self.p, self.m, self.v, self.slot, 1e-5, 0.9, 0.95, 1e-8, 0.0,
+                                       float(self.step), 1.0)
+            else:
+                g = self.slot.float()
+                torch._fused_adamw_([self.p], [g], [self.m], [self.v], [], [torch.tensor(float(self.step))],
+                                    lr=1e-5, beta1=0.9, beta2=0.95, weight_decay=0.0, eps=1e-8, amsgrad=False,
+                                    maximize=False)
+                self.slot.copy_(self.p)
+            return time.perf_counter() - t0
+        finally:
+            torch.set_num_threads(saved)
+
+    def copies(self, directions: tuple[str, ...], stop: threading.Event | None = None,
+               seconds: float = 0.0) -> dict[str, float]:
+        """Copy 1 GiB pieces back to back in each of ``directions`` ("h2d", "h2d_b" = a second H2D stream,
+        "d2h") until ``stop`` is set (or for ``seconds``); GB/s of each."""
+        moved = dict.fromkeys(directions, 0)
+        t0 = time.perf_counter()
+        while (stop is None and time.perf_counter() - t0 < seconds) or (stop is not None and not stop.is_set()):
+            for d in directions:
+                with torch.cuda.stream(self.streams[d]):
+                    if d == "d2h":
+                        self.host_dst.copy_(self.dev[d], non_blocking=True)
+                    else:
+                        self.dev[d].copy_(self.host_src, non_blocking=True)
+                moved[d] += PIECE_BYTES
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        return {d: b / dt / 1e9 for d, b in moved.items()}
+
+    def adam_during(self, directions: tuple[str, ...], threads: int | None = None) -> tuple[float, dict]:
+        """One pass while ``directions`` copy the whole time (started 0.2 s before it): the pass's seconds and
+        the copies' GB/s over the window."""
+        stop, result = threading.Event(), {}
+        worker = threading.Thread(target=lambda: result.update(rates=self.copies(directions, stop)))
+        worker.start()
+        time.sleep(0.2)  # copies at full rate before the pass starts
+        try:
+            seconds = self.adam(threads)
+        finally:
+            stop.set()
+            worker.join()
+        return seconds, result.get("rates", {})
+
+    def copies_during_adam(self, directions: tuple[str, ...], threads: int | None = None) -> dict[str, float]:
+        """The copies' GB/s while one pass runs (the kernel releases the GIL; copies stop when it ends)."""
+        stop = threading.Event()
+        t = threading.Thread(target=lambda: (self.adam(threads), stop.set()))
+        t.start()
+        rates = self.copies(directions, stop)
+        t.join()
+        return rates
+
+
+def contention_benchmark(m: Measurements, quick: bool) -> None:
+    """The pass alone and with H2D + D2H running; the DRAM traffic of both together becomes a capacity
+    candidate (``profile_fit.dram_capacity_gbps``)."""
+    if not torch.cuda.is_available():
+        return
+    rig = ContentionRig(2**25 if quick else 2**28)
+    repeats = 2 if quick else 3
+    rig.adam()  # warm-up: pages touched, threads started
+    rig.copies(("h2d", "d2h"), seconds=0.3)
+    alone = statistics.median(rig.adam() for _ in range(repeats))
+    seconds = statistics.median(rig.adam_during(("h2d", "d2h"))[0] for _ in range(repeats))
+    # The copies' rate over the pass alone (they start and stop with it), not over adam_during's longer window.
+    dma = statistics.median(sum(rig.copies_during_adam(("h2d", "d2h")).values()) for _ in range(repeats))
+    adam_gbps = rig.params * rig.adam_bytes_per_param / seconds / 1e9
+    m.contention = {"params": rig.params, "adam_alone_s": alone, "adam_with_dma_s": seconds,
+                    "adam_gbps_with_dma": adam_gbps, "dma_gbps_with_adam": dma, "total_gbps": adam_gbps + dma}
+    m.report["contention"] = {k: round(v, 4) for k, v in m.contention.items()}
