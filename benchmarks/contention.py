@@ -74,11 +74,10 @@ def _fluid(hw, flows: dict[str, tuple[float, dict, float]], until: str | float) 
     seconds): the bytes/s each flow averaged over that window, and the window's end as ``<until>_end``."""
     import simpy
 
-    from slidedp.resources import resource_capacities
-    from slidedp.sim.fluid import FluidNetwork
+    from slidedp.sim.fluid import host_network
 
     env = simpy.Environment()
-    net = FluidNetwork(env, resource_capacities(hw))
+    net = host_network(env, hw)
     done = {name: net.transfer(amount, usage, cap) for name, (amount, usage, cap) in flows.items()}
     env.run(until=done[until] if isinstance(until, str) else until)
     t = env.now
@@ -116,22 +115,49 @@ def measure(params: int, repeats: int, threads: tuple[int, ...] = THREADS) -> di
     return out
 
 
+def calibrate_host(base: str, out: Path) -> str:
+    """`slidedp calibrate`'s host passes and contention experiments on this host (the calibration set: AdamW
+    curve vs threads, and at all cores the pass alone / with H2D / D2H / both): the profile the held-out
+    experiments are then predicted with."""
+    from slidedp.calibration.contention_bench import contention_benchmark
+    from slidedp.calibration.host_bench import host_benchmarks
+    from slidedp.calibration.profile_fit import profile_from
+    from slidedp.hardware import load_hardware
+
+    m = host_benchmarks(quick=False)
+    contention_benchmark(m, quick=False)
+    profile, report = profile_from(load_hardware(base), m)
+    path = out / "profile.yaml"
+    profile.save(path)
+    (out / "calibration.json").write_text(json.dumps({k: report[k] for k in ("contention", "mem_bw_gbps")
+                                                      if k in report} | {
+        "adam_gparams_per_s": profile.host.adam_gparams_per_s, "dma_interference": profile.host.dma_interference,
+        "cpu_dram_weight": profile.host.cpu_dram_weight}, indent=1, default=str))
+    return str(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--params", type=int, default=2**28)
     parser.add_argument("--profile", default="h200-x1")
+    parser.add_argument("--threads", type=int, nargs="+", default=list(THREADS),
+                        help="AdamW thread counts of the pass experiments (one-direction copies at the largest)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--calibrate-first", action="store_true",
+                        help="calibrate the host on this machine first and predict with that profile")
     parser.add_argument("--predict-only", action="store_true")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    predicted = predict(args.profile, args.params)
+    profile = calibrate_host(args.profile, out) if args.calibrate_first else args.profile
+    threads = tuple(args.threads)
+    predicted = predict(profile, args.params, threads)
     (out / "predictions.json").write_text(json.dumps(predicted, indent=1))
     log(f"predicted: {predicted}")
     if args.predict_only:
         return
-    measured = measure(args.params, args.repeats)
+    measured = measure(args.params, args.repeats, threads)
     (out / "measured.json").write_text(json.dumps(measured, indent=1))
     for key in (k for k in predicted if k in measured and k != "params"):
         p, m = predicted[key], measured[key]

@@ -20,7 +20,7 @@ def main() -> int:
     from slidedp.calibration.host_bench import peer_thread_counts
     from slidedp.calibration.measurements import Measurements
     from slidedp.calibration.peer_bench import peer_adam_benchmarks
-    from slidedp.calibration.profile_fit import dram_capacity_gbps
+    from slidedp.calibration.profile_fit import contention_profile, dram_capacity_gbps
     from slidedp.hardware import load_hardware
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -42,6 +42,9 @@ def main() -> int:
     capacity = dram_capacity_gbps(m)
     host = replace(base.host, mem_bw_gbps=round(capacity, 1),
                    peer_adam_gparams_per_s={**base.host.peer_adam_gparams_per_s, **m.peer_adam_gparams_per_s})
+    if m.contention:
+        factors, weight = contention_profile(m.contention)
+        host = replace(host, dma_interference=factors, cpu_dram_weight=weight)
     replace(base, host=host).save(out / "profile.yaml")
     (out / "measured.json").write_text(json.dumps(
         {"peer_adam_gparams_per_s": m.peer_adam_gparams_per_s, "contention": m.contention,

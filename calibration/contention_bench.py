@@ -115,19 +115,25 @@ class ContentionRig:
 
 
 def contention_benchmark(m: Measurements, quick: bool) -> None:
-    """The pass alone and with H2D + D2H running; the DRAM traffic of both together becomes a capacity
-    candidate (``profile_fit.dram_capacity_gbps``)."""
+    """The pass alone, with H2D only, D2H only and both copying, and the copies' rates during it with both:
+    what ``profile_fit.contention_profile`` turns into the DRAM capacity, the interference factors and the CPU
+    passes' DRAM weight."""
     if not torch.cuda.is_available():
         return
     rig = ContentionRig(2**25 if quick else 2**28)
     repeats = 2 if quick else 3
     rig.adam()  # warm-up: pages touched, threads started
     rig.copies(("h2d", "d2h"), seconds=0.3)
-    alone = statistics.median(rig.adam() for _ in range(repeats))
-    seconds = statistics.median(rig.adam_during(("h2d", "d2h"))[0] for _ in range(repeats))
+    out: dict[str, float] = {"params": rig.params, "adam_bytes_per_param": rig.adam_bytes_per_param,
+                             "adam_alone_s": statistics.median(rig.adam() for _ in range(repeats))}
+    for key, dirs in (("h2d", ("h2d",)), ("d2h", ("d2h",)), ("h2d+d2h", ("h2d", "d2h"))):
+        out[f"adam_with_{key}_s"] = statistics.median(rig.adam_during(dirs)[0] for _ in range(repeats))
     # The copies' rate over the pass alone (they start and stop with it), not over adam_during's longer window.
-    dma = statistics.median(sum(rig.copies_during_adam(("h2d", "d2h")).values()) for _ in range(repeats))
-    adam_gbps = rig.params * rig.adam_bytes_per_param / seconds / 1e9
-    m.contention = {"params": rig.params, "adam_alone_s": alone, "adam_with_dma_s": seconds,
-                    "adam_gbps_with_dma": adam_gbps, "dma_gbps_with_adam": dma, "total_gbps": adam_gbps + dma}
-    m.report["contention"] = {k: round(v, 4) for k, v in m.contention.items()}
+    out["dma_gbps_with_adam"] = statistics.median(sum(rig.copies_during_adam(("h2d", "d2h")).values())
+                                                  for _ in range(repeats))
+    out["dma_gbps_alone"] = statistics.median(sum(rig.copies(("h2d", "d2h"), seconds=1.0).values())
+                                              for _ in range(repeats))
+    adam_gbps = rig.params * rig.adam_bytes_per_param / out["adam_with_h2d+d2h_s"] / 1e9
+    out["total_gbps"] = adam_gbps + out["dma_gbps_with_adam"]
+    m.contention = out
+    m.report["contention"] = {k: round(v, 4) for k, v in out.items()}

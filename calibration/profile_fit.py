@@ -33,6 +33,20 @@ def dram_capacity_gbps(m: Measurements) -> float:
     return max(candidates)
 
 
+def contention_profile(c: dict[str, float]) -> tuple[dict[str, float], float]:
+    """Interference factors and the CPU passes' DRAM weight from ``contention_bench``'s measurements.
+
+    A factor is the pass's time with copies running in those directions over its time alone (at least 1). The
+    weight is the smallest that lets the pass keep that rate while the copies share what DRAM leaves, which is
+    what the H200 showed: the copies' solo rate over their rate during the pass (sim.fluid; at least 1)."""
+    alone = c["adam_alone_s"]
+    factors = {dirs: max(1.0, round(c[f"adam_with_{dirs}_s"] / alone, 3)) for dirs in ("h2d", "d2h", "h2d+d2h")
+               if c.get(f"adam_with_{dirs}_s")}
+    weight = max(1.0, round(c["dma_gbps_alone"] / c["dma_gbps_with_adam"], 3)) if c.get("dma_gbps_with_adam") \
+        else 1.0
+    return factors, weight
+
+
 def _dram_capacity(base: HardwareProfile, m: Measurements) -> float:
     """--quick's host passes fit the CPU caches and say nothing of DRAM; its contention run does not (its arrays
     are hundreds of MB), so it alone sets the capacity there, and the base's value stays without it."""
@@ -59,6 +73,9 @@ def profile_from(base: HardwareProfile, m: Measurements) -> tuple[HardwareProfil
                    cast_gelems_per_s=thread_curve(m.cast_gelems_per_s, m.cast_gelems_per_s.values()),
                    mem_bw_gbps=_dram_capacity(base, m), fused_cast=m.adam_fused_cast,
                    peer_adam_gparams_per_s=peers)
+    if m.contention:
+        factors, weight = contention_profile(m.contention)
+        host = replace(host, dma_interference=factors, cpu_dram_weight=weight)
     if m.cache_resident and not m.contention:
         warnings.append(f"host DRAM capacity: the --quick passes fit the CPU caches; kept "
                         f"{base.host.mem_bw_gbps:g} GB/s from {base.name}")

@@ -47,6 +47,23 @@ def lower_bound(w: StepWorkload) -> float:
     return max(resource_demands(w).values())
 
 
+# The copy directions running beside the CPU update: as gradients land in backward (D2H, and H2D of the weights
+# backward refetches), or beside the forward's weight copies (next_forward). After backward nothing copies.
+_BESIDE_THE_UPDATE = {"as_ready": "h2d+d2h", "next_forward": "h2d", "after_backward": ""}
+
+
+def _update_interference(w: StepWorkload, demands: dict[str, float] | None) -> float:
+    """How much slower the CPU update runs, on average, for the copies beside it: the host's measured
+    interference factor (HostSpec.dma_interference) for the time those copies run (their busiest direction's
+    demand over the step's)."""
+    factor = w.hw.host.interference(_BESIDE_THE_UPDATE[w.policy.update_schedule])
+    if factor == 1.0 or demands is None:
+        return 1.0
+    dirs = _BESIDE_THE_UPDATE[w.policy.update_schedule].split("+")
+    duty = min(1.0, max(demands[f"{d}[0]"] for d in dirs) / max(demands.values()))
+    return 1.0 + duty * (factor - 1.0)
+
+
 class _Recurrence:
     """End times of the rank-0 streams, unit by unit, in the plan's issue order.
 
@@ -100,7 +117,7 @@ class _Recurrence:
         # CPU update work per parameter, in seconds (one rank's worker) and DRAM bytes (all ranks).
         host_b = sum(w.cpu_update_host_bytes_per_param())
         together = n * host_b / caps["hostmem"]  # all workers stream DRAM at once
-        sec_per_param = max(w.cpu_update_seconds_per_param(), together)
+        sec_per_param = max(w.cpu_update_seconds_per_param() * _update_interference(w, demands), together)
         # Update lanes: reduce-scatter gives every worker 1/N of each chunk, so one lane stands for all;
         # per-rank gradients give whole chunks to owners round-robin, so each owner is its own lane.
         # When the chunk count is a multiple of N, every owner gets the same share of every unit: one lane.

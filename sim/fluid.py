@@ -1,41 +1,53 @@
-"""Processor-sharing bandwidth for simpy: concurrent flows share every resource they cross, each slowed by the
-same fraction of the rate it would reach alone (weighted max-min fairness, weights = solo rates).
+"""Processor-sharing bandwidth for simpy: concurrent flows share every resource they cross by weighted max-min
+fairness, and the host's CPU passes slow down while copies run.
 
 simpy's resources are FIFO servers; a PCIe link or host DRAM instead serves all flows at once at a
-shared rate. This manager keeps the set of active flows, recomputes their rates by weighted progressive
-filling whenever a flow starts or ends (once per simulated instant, however many changes that instant has),
-and schedules only the next completion; stale wake-ups are recognised by a version counter.
+shared rate. This manager keeps the set of active flows, recomputes their rates by progressive filling
+whenever a flow starts or ends (once per simulated instant, however many changes that instant has), and
+schedules only the next completion; stale wake-ups are recognised by a version counter.
 
-Why weighted, not plain max-min: on the H200 host (benchmarks/RESULTS.md, "Host contention"), the CPU AdamW
-pass (113 GB/s alone) and H2D + D2H copies (50 + 50 GB/s alone) run together at 82 and 39.5 + 39.5 GB/s: each
-lost the same ~28% of its solo rate, where plain max-min would have given the copies their whole solo rate
-first and charged the pass alone. Flows of equal solo rate (two GPUs' copies through one switch, say) split a
-resource equally under both rules.
+Each flow grows in proportion to its solo rate (so all lose the same fraction of it), a CPU pass with the host's
+``cpu_dram_weight`` times its own. How the host shares DRAM between CPU passes and copies was measured on the
+H200 (benchmarks/RESULTS.md, fifth session): an AdamW pass ran 1.45-1.55x slower with H2D and D2H copying, at 4,
+8 and 16 threads alike, even where DRAM had bandwidth left (interference, not bandwidth), and the copies got what
+the pass left. So when ``classify`` is given (slidedp.resources.flow_class), a CPU pass's cap is divided by the
+interference factor of the copy directions active at that instant (``interference``) and it weighs
+``cpu_weight`` times its solo rate; without it every flow is "other" and weighs its solo rate. Hosts whose
+contention was not measured keep factor and weight 1: proportional sharing.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import simpy
+
+from slidedp.hardware import HardwareProfile
+from slidedp.resources import CPU_PASS, flow_class, resource_capacities
 
 _EPS = 1e-12
 
 
 class _Flow:
-    __slots__ = ("remaining", "rate", "usage", "cap", "done")
+    __slots__ = ("remaining", "rate", "usage", "cap", "done", "kind", "limit")
 
-    def __init__(self, amount: float, usage: list[tuple[int, float]], cap: float, done: simpy.Event):
+    def __init__(self, amount: float, usage: list[tuple[int, float]], cap: float, done: simpy.Event, kind: str):
         self.remaining = amount
         self.rate = 0.0
         self.usage = usage
         self.cap = cap
         self.done = done
+        self.kind = kind  # slidedp.resources.flow_class, or "other" when the network does not classify
+        self.limit = cap  # the cap in force now (a CPU pass's is lowered while copies run)
 
 
 class FluidNetwork:
-    def __init__(self, env: simpy.Environment, capacities: dict[str, float]):
+    def __init__(self, env: simpy.Environment, capacities: dict[str, float],
+                 classify: Callable[[dict[str, float]], str] | None = None,
+                 interference: Callable[[str], float] | None = None, cpu_weight: float = 1.0):
         self.env = env
+        self.classify, self.interference, self.cpu_weight = classify, interference, cpu_weight
         self.names = list(capacities)
         self.index = {name: i for i, name in enumerate(self.names)}
         self.capacity = [capacities[n] for n in self.names]
@@ -52,7 +64,8 @@ class FluidNetwork:
             done.succeed()
             return done
         self._advance()
-        self.flows.append(_Flow(amount, [(self.index[r], k) for r, k in usage.items()], cap, done))
+        kind = self.classify(usage) if self.classify else "other"
+        self.flows.append(_Flow(amount, [(self.index[r], k) for r, k in usage.items()], cap, done, kind))
         self._mark_dirty()
         return done
 
@@ -90,8 +103,9 @@ class FluidNetwork:
                 f.done.succeed()
         self._allocate()
         self._version += 1
-        if self.flows:
-            dt = min(f.remaining / f.rate for f in self.flows)
+        moving = [f for f in self.flows if f.rate > 0]  # a copy may wait while CPU passes take all of DRAM
+        if moving:
+            dt = min(f.remaining / f.rate for f in moving)
             version = self._version
             ev = self.env.timeout(max(dt, 0.0))
             ev.callbacks.append(lambda _e, v=version: self._on_wake(v))
@@ -100,58 +114,89 @@ class FluidNetwork:
         if version == self._version:
             self._reschedule()
 
-    def _solo_rate(self, f: _Flow) -> float:
-        """The rate ``f`` would reach alone: its own cap or its tightest resource."""
-        rate = f.cap
-        for i, k in f.usage:
-            if k > 0:
-                rate = min(rate, self.capacity[i] / k)
-        return rate if math.isfinite(rate) and rate > 0 else 1.0
-
     def _allocate(self) -> None:
-        """Weighted progressive filling: every unfrozen flow runs at the same fraction ``t`` of its solo rate;
-        raise ``t`` until a resource saturates or a flow reaches its own cap, freeze those flows, repeat."""
-        flows = self.flows
-        if not flows:
-            return
-        capacity = self.capacity
-        left: dict[int, float] = {}
-        weight_of: dict[int, float] = {}
+        allocate(self.flows, self.capacity, self.interference, self.cpu_weight)
+
+def host_network(env: simpy.Environment, hw: HardwareProfile) -> FluidNetwork:
+    """The network every simulation of ``hw`` runs on: its resources, CPU passes classified and slowed by the
+    host's measured DMA interference."""
+    return FluidNetwork(env, resource_capacities(hw), flow_class, hw.host.interference, hw.host.cpu_dram_weight)
+
+
+def _solo_weight(f: _Flow, capacity: list[float], cpu_weight: float) -> float:
+    """How fast ``f`` grows relative to the others while they share: its solo rate (the rate it would reach
+    alone, at its current limit), times ``cpu_weight`` for a CPU pass."""
+    rate = f.limit
+    for i, k in f.usage:
+        if k > 0:
+            rate = min(rate, capacity[i] / k)
+    rate = rate if math.isfinite(rate) and rate > 0 else 1.0
+    return rate * cpu_weight if f.kind == CPU_PASS else rate
+
+
+def allocate(flows: list[_Flow], capacity: list[float], interference: Callable[[str], float] | None,
+             cpu_weight: float = 1.0) -> None:
+    """Set every flow's rate. Weighted progressive filling: every unfrozen flow grows in proportion to its weight
+    until a resource saturates or a flow reaches its limit; freeze those, repeat. A CPU pass's limit is its cap
+    divided by the interference of the copy directions running now."""
+    if not flows:
+        return
+    left: dict[int, float] = {}
+    dirs: set[str] = set()
+    for f in flows:
+        f.rate = 0.0
+        f.limit = f.cap
+        dirs.update(d for d in f.kind.split("+") if d in ("h2d", "d2h"))
+        for i, _ in f.usage:
+            left[i] = capacity[i]
+    if interference is not None:
+        factor = interference("+".join(d for d in ("h2d", "d2h") if d in dirs))
         for f in flows:
-            f.rate = 0.0
-            weight_of[id(f)] = self._solo_rate(f)
+            if f.kind == CPU_PASS:
+                f.limit = f.cap / factor
+    weight_of = {id(f): _solo_weight(f, capacity, cpu_weight) for f in flows}
+    active = flows
+    while active:
+        load: dict[int, float] = {}
+        step = math.inf
+        for f in active:
+            w = weight_of[id(f)]
+            room = (f.limit - f.rate) / w
+            if room < step:
+                step = room
+            for i, k in f.usage:
+                load[i] = load.get(i, 0.0) + k * w
+        for i, total in load.items():
+            s = left[i] / total
+            if s < step:
+                step = s
+        for f in active:
+            f.rate += step * weight_of[id(f)]
+        saturated = set()
+        for i, total in load.items():
+            remaining = left[i] - step * total
+            left[i] = remaining
+            if remaining <= 1e-9 * capacity[i]:
+                saturated.add(i)
+        still = []
+        for f in active:
+            if f.rate >= f.limit * (1 - 1e-9):
+                continue
             for i, _ in f.usage:
-                left[i] = capacity[i]
-        active = flows
-        while active:
-            load: dict[int, float] = {}
-            step = math.inf
-            for f in active:
-                w = weight_of[id(f)]
-                room = (f.cap - f.rate) / w
-                if room < step:
-                    step = room
-                for i, k in f.usage:
-                    load[i] = load.get(i, 0.0) + k * w
-            for i, total in load.items():
-                s = left[i] / total
-                if s < step:
-                    step = s
-            for f in active:
-                f.rate += step * weight_of[id(f)]
-            saturated = set()
-            for i, total in load.items():
-                remaining = left[i] - step * total
-                left[i] = remaining
-                if remaining <= 1e-9 * capacity[i]:
-                    saturated.add(i)
-            still = []
-            for f in active:
-                if f.rate >= f.cap * (1 - 1e-9):
-                    continue
-                for i, _ in f.usage:
-                    if i in saturated:
-                        break
-                else:
-                    still.append(f)
-            active = still
+                if i in saturated:
+                    break
+            else:
+                still.append(f)
+        active = still
+
+
+def steady_rates(hw: HardwareProfile, flows: list[tuple[dict[str, float], float]]) -> list[float]:
+    """The rates ``flows`` (usage, cap) settle at when they run together on ``hw``'s host network, by the same rule
+    as the simulator: what the analytical model uses for phases in which they overlap."""
+    caps = resource_capacities(hw)
+    names = list(caps)
+    index = {n: i for i, n in enumerate(names)}
+    objs = [_Flow(1.0, [(index[r], k) for r, k in usage.items()], cap, None, flow_class(usage))  # type: ignore[arg-type]
+            for usage, cap in flows]
+    allocate(objs, [caps[n] for n in names], hw.host.interference, hw.host.cpu_dram_weight)
+    return [f.rate for f in objs]

@@ -8,9 +8,8 @@ import pandas as pd
 import simpy
 
 from slidedp.exposure import exposure_from_chain, limiter
-from slidedp.resources import resource_capacities
 from slidedp.schedule import Plan, build_plan
-from slidedp.sim.fluid import FluidNetwork
+from slidedp.sim.fluid import host_network
 from slidedp.trace import EXPOSURE_CATEGORIES, make_trace
 from slidedp.workload import StepWorkload
 
@@ -56,7 +55,7 @@ class _Execution:
     def __init__(self, w: StepWorkload, plan: Plan):
         self.w, self.plan = w, plan
         self.env = simpy.Environment()
-        self.net = FluidNetwork(self.env, resource_capacities(w.hw))
+        self.net = host_network(self.env, w.hw)
         n = len(plan.ops)
         self.done = [self.env.event() for _ in range(n)]
         self.start = [0.0] * n

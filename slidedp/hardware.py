@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from slidedp.compute import ComputeCurves
-from slidedp.config_io import from_mapping, read_mapping, to_mapping, write_mapping
+from slidedp.config_io import from_mapping, quote, read_mapping, to_mapping, write_mapping
 from slidedp.errors import SlideDPError
 
 GB = 1e9
@@ -130,6 +130,10 @@ class GPUSpec:
                                      self.half_efficiency_tokens, self.attention_tflops, self.layer_overhead_us * 1e-6)
 
 
+# Keys of HostSpec.dma_interference: which copy directions run beside a CPU pass.
+DMA_DIRECTION_SETS = ("h2d", "d2h", "h2d+d2h")
+
+
 @dataclass(frozen=True)
 class HostSpec:
     """The host all GPUs share: cores, DRAM bandwidth, CPU optimizer and cast rates."""
@@ -147,6 +151,13 @@ class HostSpec:
     # ``deepspeed_cpu_adam``) as a thread curve like ``adam_gparams_per_s``. Optional: a peer whose implementation
     # is missing refuses to simulate rather than borrowing another kernel's rate.
     peer_adam_gparams_per_s: dict[str, dict[int, float]] = field(default_factory=dict)
+    # How much slower a CPU pass runs while host<->GPU copies run in these directions ("h2d", "d2h", "h2d+d2h"),
+    # a factor >= 1 measured by calibration.contention_bench (DMA writes and reads slow the cores' memory
+    # accesses even where DRAM has bandwidth left). Missing directions: no slowdown.
+    dma_interference: dict[str, float] = field(default_factory=dict)
+    # How much harder a CPU pass presses on host DRAM than a copy of the same solo rate when they share it
+    # (sim.fluid): 1 = proportional sharing (hosts not measured); calibration.contention_bench fits it.
+    cpu_dram_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if self.cores <= 0:
@@ -157,6 +168,20 @@ class HostSpec:
         _check_curve("host.stream_gbps", self.stream_gbps)
         for impl, curve in self.peer_adam_gparams_per_s.items():
             _check_curve(f"host.peer_adam_gparams_per_s.{impl}", curve)
+        for dirs, factor in self.dma_interference.items():
+            if dirs not in DMA_DIRECTION_SETS:
+                raise SlideDPError(f"host.dma_interference: unknown key {quote(dirs)}; "
+                                   f"use {', '.join(DMA_DIRECTION_SETS)}")
+            if not (isinstance(factor, (int, float)) and math.isfinite(factor) and 1.0 <= factor <= 100.0):
+                raise SlideDPError(f"host.dma_interference.{dirs} must be a factor between 1 and 100, "
+                                   f"got {quote(factor)}")
+
+        if not (isinstance(self.cpu_dram_weight, (int, float)) and 1.0 <= self.cpu_dram_weight <= 100.0):
+            raise SlideDPError(f"host.cpu_dram_weight must be between 1 and 100, got {quote(self.cpu_dram_weight)}")
+
+    def interference(self, directions: str) -> float:
+        """The slowdown of a CPU pass while copies run in ``directions`` ("" when none)."""
+        return self.dma_interference.get(directions, 1.0) if directions else 1.0
 
     def adam_rate(self, threads: int) -> float:
         """Parameters per second one optimizer worker with ``threads`` threads updates."""

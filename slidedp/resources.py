@@ -68,6 +68,21 @@ def collective_usage(hw: HardwareProfile, gpu: int) -> dict[str, float]:
     return usage
 
 
+# How the host serves CPU passes and DMA together (measured on the H200, benchmarks/RESULTS.md "Call 2"): a CPU
+# pass is served first from host DRAM, but runs slower by the profile's interference factor while copies run in
+# either direction (``HostSpec.dma_interference``); the copies get the DRAM the passes leave.
+CPU_PASS = "cpu"
+
+
+def flow_class(usage: dict[str, float]) -> str:
+    """What a flow is, from the resources it crosses: a CPU pass (host DRAM only), a copy in one or both PCIe
+    directions ("h2d", "d2h", "h2d+d2h": a collective bounced through host memory crosses both), or "other"."""
+    dirs = [d for d in ("h2d", "d2h") if any(r.startswith(f"{d}[") for r in usage)]
+    if dirs:
+        return "+".join(dirs)
+    return CPU_PASS if set(usage) == {"hostmem"} else "other"
+
+
 def seconds_per_byte(usage: dict[str, float], caps: dict[str, float]) -> float:
     """Seconds per byte of a lone flow with this usage: the slowest resource it crosses."""
     return max(k / caps[r] for r, k in usage.items())

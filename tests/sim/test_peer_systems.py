@@ -117,7 +117,9 @@ def test_offloading_peers_wait_for_the_whole_backward_before_the_cpu_update():
 
 
 def test_a_peer_without_its_cpu_optimizer_rate_refuses_with_one_line():
-    hw = load_hardware("h200-x1")  # DeepSpeedCPUAdam was never timed alone there
+    h200 = load_hardware("h200-x1")
+    hw = with_host(h200, peer_adam_gparams_per_s={  # as if DeepSpeedCPUAdam had never been timed there
+        k: v for k, v in h200.host.peer_adam_gparams_per_s.items() if k != DEEPSPEED_CPU_ADAM})
     with pytest.raises(SlideDPError, match="deepspeed_cpu_adam") as err:
         peer_step("zero2-offload", load_model_spec("qwen3-4b"), hw, 4096, 1)
     assert "\n" not in str(err.value) and "peer_adam_gparams_per_s" in str(err.value)
@@ -127,11 +129,12 @@ def test_a_peer_without_its_cpu_optimizer_rate_refuses_with_one_line():
     assert peer_step("fsdp2-offload", load_model_spec("qwen3-0.6b"), hw, 1024, 1)  # torch's rate is there
 
 
-def test_h200_preset_carries_the_probed_torch_rates():
+def test_h200_preset_carries_the_measured_peer_rates():
     host = load_hardware("h200-x1").host
-    assert host.peer_adam_gparams_per_s[TORCH_ADAMW_FUSED] == {4: 2.416, 8: 3.054, 16: 4.643}
-    assert DEEPSPEED_CPU_ADAM not in host.peer_adam_gparams_per_s
-    assert "h200_probe.json" in load_hardware("h200-x1").notes
+    assert host.peer_adam_gparams_per_s[TORCH_ADAMW_FUSED] == {4: 1.533, 8: 3.536, 16: 4.141}
+    assert host.peer_adam_gparams_per_s[DEEPSPEED_CPU_ADAM] == {4: 2.145, 8: 3.571, 16: 4.113}
+    assert host.peer_adam_gparams_per_s[TORCH_CLIP_GRAD_NORM] == {4: 1.617, 8: 1.983, 16: 1.983}
+    assert "peer_bench" in load_hardware("h200-x1").notes
 
 
 def test_specs_are_frozen_and_batch_must_divide():

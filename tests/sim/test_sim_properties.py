@@ -126,22 +126,6 @@ def test_fluid_processor_sharing():
     assert finished["big"] == pytest.approx(4.2)
 
 
-def test_fluid_sharing_matches_the_measured_h200_host_split():
-    """The H200 contention experiment (benchmarks/RESULTS.md): the AdamW pass (113 GB/s alone) with H2D and D2H
-    copies (50 GB/s each alone) through 161 GB/s of DRAM ran at 82 and 39.5 + 39.5 GB/s. Equal slowdown of the
-    solo rates gives 81.7 and 39.6 each; plain max-min would have given the copies 50 each and the pass 61."""
-    env = simpy.Environment()
-    net = FluidNetwork(env, {"dram": 161.0, "h2d": 50.0, "d2h": 50.0})
-    pass_ = net.transfer(1e6, {"dram": 1.0}, cap=113.0)
-    net.transfer(1e6, {"dram": 1.0, "h2d": 1.0})
-    net.transfer(1e6, {"dram": 1.0, "d2h": 1.0})
-    env.run(until=1.0)
-    moved = {ev: 1e6 - left for ev, left in net.remaining().items()}
-    rates = sorted(moved.values())
-    assert moved[pass_] == pytest.approx(161 * 113 / 213, rel=1e-6)
-    assert rates[0] == pytest.approx(161 * 50 / 213, rel=1e-6) == rates[1]
-
-
 def test_fluid_multi_resource_bottleneck():
     env = simpy.Environment()
     net = FluidNetwork(env, {"a": 10.0, "b": 4.0})
@@ -164,3 +148,66 @@ def test_simulation_is_deterministic():
     a = simulate(SWEEP[3])
     b = simulate(SWEEP[3])
     assert a.step_time_s == b.step_time_s and a.trace.equals(b.trace)
+
+
+def _host_split(interference: dict[str, float], weight: float, dirs: tuple[str, ...], dram: float = 150.0):
+    """GB/s of an AdamW-like pass (118 GB/s alone) and of copies (50 GB/s alone each direction) run together on
+    the host network of slidedp.resources / sim.fluid."""
+    from slidedp.resources import flow_class
+
+    env = simpy.Environment()
+    caps = {"hostmem": dram, "h2d[0]": 50.0, "d2h[0]": 50.0, "pcie[0]": 97.5}
+    net = FluidNetwork(env, caps, flow_class, lambda d: interference.get(d, 1.0) if d else 1.0, weight)
+    cpu = net.transfer(1e6, {"hostmem": 1.0}, cap=118.0)
+    copies = {d: net.transfer(1e6, {f"{d}[0]": 1.0, "pcie[0]": 1.0, "hostmem": 1.0}) for d in dirs}
+    env.run(until=1.0)
+    left = net.remaining()
+    return 1e6 - left[cpu], {d: 1e6 - left[ev] for d, ev in copies.items()}
+
+
+def test_a_cpu_pass_slows_for_the_copies_beside_it_and_weighs_more_on_dram():
+    """The H200's measured behaviour (benchmarks/RESULTS.md, fifth session): the pass (118 GB/s alone) ran 1.47x
+    slower with both copy directions running, 1.43x with D2H only; DRAM is shared by weight, the pass weighing
+    ``weight`` x its (slowed) solo rate and each copy its own."""
+    factors = {"h2d": 1.15, "d2h": 1.43, "h2d+d2h": 1.47}
+    cpu, copies = _host_split(factors, 1.4, ("h2d", "d2h"))
+    w_cpu = 1.4 * 118.0 / 1.47
+    assert cpu == pytest.approx(150.0 * w_cpu / (w_cpu + 100.0))
+    assert copies["h2d"] == pytest.approx(150.0 * 50.0 / (w_cpu + 100.0)) == copies["d2h"]
+    cpu, copies = _host_split(factors, 1.4, ("h2d",), dram=400.0)  # DRAM to spare: only the interference
+    assert cpu == pytest.approx(118.0 / 1.15) and copies["h2d"] == pytest.approx(50.0)
+    cpu, copies = _host_split({}, 1.0, ("h2d", "d2h"))  # a host not measured: proportional sharing
+    assert cpu == pytest.approx(150.0 * 118 / 218) and copies["h2d"] == pytest.approx(150.0 * 50 / 218)
+
+
+def test_copies_keep_a_share_when_cpu_passes_alone_would_fill_dram():
+    """A CPU pass of weight 2 and a copy of the same solo rate share 10/s as 2:1; the copy never starves."""
+    from slidedp.resources import flow_class
+
+    env = simpy.Environment()
+    net = FluidNetwork(env, {"hostmem": 10.0, "h2d[0]": 10.0}, flow_class, None, 2.0)
+    ends = {}
+
+    def run(name, amount, usage, cap=float("inf")):
+        yield net.transfer(amount, usage, cap)
+        ends[name] = env.now
+
+    env.process(run("cpu", 20.0, {"hostmem": 1.0}))
+    env.process(run("copy", 12.0, {"h2d[0]": 1.0, "hostmem": 1.0}))
+    env.run()
+    # 6.67/s and 3.33/s until the pass ends at 3 s (the copy has 2 left), then the copy alone at 10/s.
+    assert ends == {"cpu": pytest.approx(3.0), "copy": pytest.approx(3.2)}
+
+
+def test_contention_fit_recovers_interference_and_weight_from_synthetic_measurements():
+    """calibration.profile_fit.contention_profile: factors = times with copies over alone; weight = the copies'
+    rate alone over during; and the simulator then reproduces the calibration experiment it came from."""
+    from slidedp.calibration.profile_fit import contention_profile
+
+    c = {"adam_alone_s": 0.064, "adam_with_h2d_s": 0.0734, "adam_with_d2h_s": 0.0917, "adam_with_h2d+d2h_s": 0.094,
+         "dma_gbps_alone": 97.5, "dma_gbps_with_adam": 69.6}
+    factors, weight = contention_profile(c)
+    assert factors == {"h2d": pytest.approx(1.147), "d2h": pytest.approx(1.433), "h2d+d2h": pytest.approx(1.469)}
+    assert weight == pytest.approx(1.401)
+    assert contention_profile({**c, "adam_with_h2d_s": 0.05, "dma_gbps_with_adam": 120.0}) == (
+        {"h2d": 1.0, "d2h": pytest.approx(1.433), "h2d+d2h": pytest.approx(1.469)}, 1.0)  # never below 1

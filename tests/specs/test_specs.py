@@ -75,12 +75,15 @@ def test_hardware_presets_load_and_round_trip(tmp_path):
 
 
 def test_h200_profile_carries_the_measurements():
-    """The shipped H200 profile is slidedp calibrate's output on that host (benchmarks/results/...02b)."""
+    """The shipped H200 profile is slidedp calibrate's output on that host (benchmarks/results/...02b), with DRAM
+    under contention from the fifth session's experiments (.../h200-2026-12-03b/pv/)."""
     hw = load_hardware("h200-x1")
     assert hw.gpu.h2d_gbps == pytest.approx(55.14)
     assert hw.host.adam_rate(16) == pytest.approx(4.523e9)
     assert hw.host.adam_rate(8) == pytest.approx(3.874e9)
-    assert hw.host.fused_cast and hw.host.mem_bw_gbps == pytest.approx(4.523 * 28, rel=1e-3)
+    assert hw.host.fused_cast and hw.host.mem_bw_gbps == pytest.approx(80.0 + 69.6)  # pass + copies, together
+    assert hw.host.interference("h2d+d2h") == pytest.approx(0.094 / 0.064, rel=1e-3)
+    assert hw.host.cpu_dram_weight == pytest.approx(97.5 / 69.6, rel=1e-3)
 
 
 def test_thread_curve_interpolation():
