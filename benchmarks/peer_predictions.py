@@ -1,12 +1,12 @@
-"""The simulator's predictions for the peer systems, against the rows the H200 peer comparison measured.
+"""The simulator's predictions for the peer systems, against the rows the H200 peer comparisons measured.
 
     python -m benchmarks.peer_predictions [--sessions DIR ...] [--hardware h200-x1] [--out table.md]
 
 For every measured peer row (``results.jsonl`` of each session's ``peers/`` folder) it simulates the matching
-peer system (slidedp.peers) with the hardware profile as it is, nothing fitted to the peer step times: the torch
-CPU AdamW rates the profile stores come from the H200 probe. DeepSpeedCPUAdam was never timed alone, so
-ZeRO-2-Offload refuses on that profile; its rows are predicted a second time with a stand-in rate, SlideDP's own
-one-pass CPU AdamW kernel's measured curve, and labelled as such. It prints, per system and batch, predicted vs
+peer system (slidedp.peers) with the hardware profile as it is, nothing fitted to the peer step times: the peers'
+CPU optimizer rates the profile stores were timed alone by calibration.peer_bench. Where a profile lacks a peer's
+rate the peer refuses, and its rows are predicted a second time with a stand-in rate (SlideDP's own one-pass
+kernel's curve), labelled as such. It prints, per system and batch, predicted vs
 measured step time and error, predicted vs measured GPU peak (allocated) and host memory, and per system the first
 batch the memory model says runs out of GPU memory against the measured one.
 """
@@ -28,7 +28,7 @@ from slidedp.report.peers import load_rows
 
 RESULTS = Path(__file__).parent / "results"
 SESSIONS = (RESULTS / "h200-2026-12-02b" / "peers", RESULTS / "h200-2026-12-02b" / "p8b",
-            RESULTS / "h200-2026-12-02c" / "peers")
+            RESULTS / "h200-2026-12-02c" / "peers", RESULTS / "h200-2026-12-03b" / "pv")
 # The measured systems (benchmarks/peer_systems.py) and the simulated system that models each: one GPU's
 # "resident" run is plain training with fp32 weights, autocast and fused AdamW, i.e. DDP on one rank.
 MEASURED_AS = {"deepspeed-offload": "zero2-offload", "fsdp2-offload": "fsdp2-offload", "resident": "ddp-resident"}
@@ -85,7 +85,7 @@ def comparison(sessions: list[Path], hw: HardwareProfile) -> str:
             if not any(rows.values()):
                 continue
             variants = [(MEASURED_AS[system], hw)]
-            if MEASURED_AS[system] == "zero2-offload":
+            if "refused" in predict(MEASURED_AS[system], model, hw, seqs[model], 1):  # the profile lacks its rate
                 variants.append((f"{MEASURED_AS[system]} (stand-in rate)", stand_in_hw))
             for label, profile in variants:
                 simulated = label.split(" ")[0]
@@ -123,12 +123,14 @@ def comparison(sessions: list[Path], hw: HardwareProfile) -> str:
                                  f"{measured_oom or f'none up to {max(ran)}'} |")
     out = ["Step time (predicted on the development machine; error = (predicted - measured) / measured; GPU peak "
            "is the memory model's allocated peak against torch.cuda.max_memory_allocated; host is the model's state "
-           "against the process's peak RSS):", "", *lines, "",
+           "plus the measured overhead against the process's peak RSS):", "", *lines, "",
            "Mean absolute error over batch 1-8 (every session): "
            + "; ".join(f"{k} {100 * sum(v) / len(v):.1f}% (worst {100 * max(v):.1f}%)" for k, v in errors.items()),
            "", "First batch out of GPU memory (batches 1, 2, 4, 8, 16; GPU peak incl. reserve > "
            f"{hw.gpu.memory_gib:.0f} GiB):", "", "| model | measured system | simulated as | predicted | measured |",
-           "|---|---|---|---|---|", *oom_lines, "", f"Stand-in: {STAND_IN}."]
+           "|---|---|---|---|---|", *oom_lines]
+    if any("stand-in" in line for line in oom_lines):
+        out += ["", f"Stand-in: {STAND_IN}."]
     return "\n".join(out) + "\n"
 
 

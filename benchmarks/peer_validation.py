@@ -74,8 +74,8 @@ def main() -> int:
            "--batches", *map(str, args.batches), "--steps", str(args.steps), "--systems", *MEASURED_AS,
            "--timeout", str(args.deadline / 2 + 30), "--deadline", str(args.deadline), "--out", str(peers_dir)]
     subprocess.run(cmd, check=False)
-    shutil.copy(peers_dir / "results.jsonl", out / "peer_results.jsonl")
-    (out / "comparison.md").write_text(comparison(predictions, measured_contention, out / "peer_results.jsonl"))
+    shutil.copy(peers_dir / "results.jsonl", out / "results.jsonl")
+    (out / "comparison.md").write_text(comparison(predictions, measured_contention, out / "results.jsonl"))
     log((out / "comparison.md").read_text())
     return 0
 

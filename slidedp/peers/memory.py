@@ -28,6 +28,7 @@ class PeerMemory:
     gpu_reserve: float
     host_state: float
     params: int
+    host_overhead: float = 0.0  # what the system holds on the host beyond its state (measured, see PeerSystem)
 
     @property
     def gpu_peak(self) -> float:
@@ -40,7 +41,7 @@ class PeerMemory:
 
     @property
     def host_total(self) -> float:
-        return self.host_state
+        return self.host_state + self.host_overhead
 
     @property
     def host_bytes_per_param(self) -> float:
@@ -86,4 +87,5 @@ def estimate_peer_memory(step: PeerStep) -> PeerMemory:
         buffers = s.gpu_grad_bytes * total / shard + window * 2
     backward = buffers + tied + (gathered if s.refetch_in_backward else 0.0)
     return PeerMemory(gpu_state=state, gpu_forward=forward, gpu_backward=backward,
-                      gpu_reserve=w.hw.gpu.reserve_gib * GIB, host_state=s.host_state_bytes * total, params=total)
+                      gpu_reserve=w.hw.gpu.reserve_gib * GIB, host_state=s.host_state_bytes * total, params=total,
+                      host_overhead=s.host_overhead_bytes * total)

@@ -43,6 +43,14 @@ TORCH_CLIP_GRAD_NORM = "torch_clip_grad_norm"
 # reduce_bucket_size of the measured DeepSpeed runs (benchmarks/peer_systems.py).
 ZERO_BUCKET_PARAMS = 200_000_000
 
+# Host memory of the measured peers (benchmarks/RESULTS.md, fifth H200 session: Qwen3-4B, 4.02 G parameters,
+# seq 4096, batch 1-8; RSS steady = peak, less the 1.6 GiB a GPU-resident training process holds): DeepSpeed
+# 0.19.8 ZeRO-2-Offload 115.9 GiB (30.5 B/param where its optimizer state is 16: pageable copies kept beside its
+# pinned buffers, not itemised), FSDP2 + CPUOffloadPolicy 73.7 GiB (19.2 B/param). The specs add the excess
+# over the state, so that "fits the host" is right for them.
+ZERO2_OFFLOAD_HOST_OVERHEAD = 14.5
+FSDP2_OFFLOAD_HOST_OVERHEAD = 3.2
+
 SLIDEDP = "slidedp"  # SlideDP itself: the workload's own plan (slidedp.schedule), not a PeerSystem
 
 
@@ -87,6 +95,9 @@ class PeerSystem:
     host_state_bytes: int
     grad_bucket_params: int = 0  # gradients are reduced through a contiguous bf16 bucket of this many elements
     cpu_clip: str | None = None  # a measured clip implementation (key of peer_adam_gparams_per_s), else DRAM-bound
+    # Host bytes per parameter the system holds beyond its state, from the process's RSS where it was measured
+    # (ZERO2_OFFLOAD_HOST_OVERHEAD and FSDP2_OFFLOAD_HOST_OVERHEAD); 0 where it was not.
+    host_overhead_bytes: float = 0.0
 
     @property
     def shards_weights(self) -> bool:
@@ -120,7 +131,7 @@ SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
         grad_collective="reduce_scatter", grad_collective_bytes=2, grad_d2h_bytes=4,
         optimizer="cpu", cpu_adam=DEEPSPEED_CPU_ADAM, clip_host_bytes=8, cast_after_step=True, writeback_h2d_bytes=2,
         gpu_weight_bytes=2, gpu_moment_bytes=0, gpu_grad_bytes=0, gpu_state_sharded=False, autocast_cache=False,
-        host_state_bytes=16, grad_bucket_params=ZERO_BUCKET_PARAMS),
+        host_state_bytes=16, grad_bucket_params=ZERO_BUCKET_PARAMS, host_overhead_bytes=ZERO2_OFFLOAD_HOST_OVERHEAD),
     PeerSystem(
         name="zero3-offload", summary="DeepSpeed ZeRO-3, parameters and optimizer offloaded to the CPU",
         fetch_h2d_bytes=2, gathered_bytes=2, refetch_in_backward=True,
@@ -134,7 +145,7 @@ SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
         grad_collective="reduce_scatter", grad_collective_bytes=4, grad_d2h_bytes=4,
         optimizer="cpu", cpu_adam=TORCH_ADAMW_FUSED, clip_host_bytes=12, cast_after_step=False, writeback_h2d_bytes=0,
         gpu_weight_bytes=0, gpu_moment_bytes=0, gpu_grad_bytes=0, gpu_state_sharded=True, autocast_cache=False,
-        host_state_bytes=16, cpu_clip=TORCH_CLIP_GRAD_NORM),
+        host_state_bytes=16, cpu_clip=TORCH_CLIP_GRAD_NORM, host_overhead_bytes=FSDP2_OFFLOAD_HOST_OVERHEAD),
     PeerSystem(
         name="fsdp2-resident", summary="PyTorch FSDP2 without offload: optimizer sharded over the GPUs",
         fetch_h2d_bytes=0, gathered_bytes=2, refetch_in_backward=True,

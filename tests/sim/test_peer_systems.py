@@ -142,3 +142,19 @@ def test_specs_are_frozen_and_batch_must_divide():
         SYSTEMS["ddp-resident"].gpu_weight_bytes = 2
     with pytest.raises(SlideDPError, match="divisible"):
         peer_step("ddp-resident", tiny_model(), machine(2), 256, 3)
+
+
+def test_host_memory_of_the_offloading_peers_includes_what_they_were_measured_to_hold():
+    """ZeRO-2-Offload held 30.5 B/param and FSDP2-offload 19.2 on the H200 (RSS), where their state is 16: the
+    memory model adds the measured excess, so a 14B model does not 'fit' a 128 GiB host for DeepSpeed."""
+    from slidedp.peers import estimate_peer_memory
+
+    hw, spec = load_hardware("h200-x1"), load_model_spec("qwen3-4b")
+    zero2 = estimate_peer_memory(peer_step("zero2-offload", spec, hw, 4096, 1))
+    fsdp2 = estimate_peer_memory(peer_step("fsdp2-offload", spec, hw, 4096, 1))
+    assert zero2.host_bytes_per_param == fsdp2.host_bytes_per_param == 16  # the state
+    assert zero2.host_total / spec.total_params == pytest.approx(30.5)
+    assert fsdp2.host_total / spec.total_params == pytest.approx(19.2)
+    assert zero2.host_total_gib() == pytest.approx(115.9 - 1.6, rel=0.01)  # the measured RSS less the baseline
+    big = estimate_peer_memory(peer_step("zero2-offload", load_model_spec("qwen3-14b"), hw, 4096, 1))
+    assert big.shortfalls(1e15, hw.host.memory_gib * 2**30)
