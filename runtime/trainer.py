@@ -63,6 +63,7 @@ class TrainSpec:
     host_limit_gib: float | None = None
     final_checkpoint: bool = True
     world: int = 1  # data-parallel ranks (one process each, launched by torchrun)
+    ranks_per_gpu: int = 1  # ranks sharing one GPU: rank r computes on GPU r // ranks_per_gpu
     on_nonfinite: str = "skip"  # skip the step, or stop the run, when the gradient norm is NaN/inf
 
 
@@ -112,7 +113,7 @@ class Trainer:
             raise SlideDPError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
         self.rank = int(os.environ.get("RANK", "0")) if s.world > 1 else 0
         if device.startswith("cuda") and s.world > 1:
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) // s.ranks_per_gpu}"
         self.device_name = device
         dtype = s.dtype if s.dtype != "auto" else ("bf16" if device.startswith("cuda") else "fp32")
         if dtype not in DTYPES:
@@ -226,12 +227,17 @@ class Trainer:
             return Comm()
         import torch.distributed as dist
 
+        cuda = self.device_name.startswith("cuda")
+        shared_gpu = cuda and self.spec.ranks_per_gpu > 1  # NCCL refuses two ranks on one device
         if not dist.is_initialized():
-            backend = "cpu:gloo,cuda:nccl" if self.device_name.startswith("cuda") else "gloo"
-            if self.device_name.startswith("cuda"):
+            backend = "cpu:gloo,cuda:nccl" if cuda and not shared_gpu else "gloo"
+            if cuda:
                 torch.cuda.set_device(torch.device(self.device_name))
             dist.init_process_group(backend)
-        comm = Comm.from_process_group()
+        comm = Comm.from_process_group(host_staged=shared_gpu)
+        if shared_gpu and comm.rank == 0:
+            self.log(f"{self.spec.ranks_per_gpu} ranks share each GPU: collectives run over gloo through host "
+                     "memory (slower than NCCL; for tests and small models)")
         if not self.device_name.startswith("cuda"):  # ranks share the cores instead of oversubscribing them
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.world))
         if comm.world != self.spec.world:
@@ -263,7 +269,7 @@ class Trainer:
         args = (adapter.total_params, self.compute_dtype, grad_dtype)
         kwargs = dict(pin=device.is_cuda, flags=flags, world=comm.world, landing_numel=landing)
         run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
-        sync_device = self.device_name if self.device_name.startswith("cuda") else "cpu"
+        sync_device = self.device_name if self.device_name.startswith("cuda") and not comm.host_staged else "cpu"
         ident = torch.tensor(list(bytes.fromhex(run_id)), dtype=torch.uint8, device=sync_device)
         dist.broadcast(ident, src=0)
         path = state_dir(bytes(ident.cpu().tolist()).hex())

@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", required=True, help="run directory")
     train.add_argument("--nproc", type=positive_int, default=1,
                        help="data-parallel ranks (one process per GPU via torchrun; all share one host state)")
+    train.add_argument("--ranks-per-gpu", type=positive_int, default=1,
+                       help="ranks sharing each GPU (tests, small models; collectives then go over gloo)")
     train.add_argument("--hardware", default="h200-x1", help="profile for preflight and prediction (default h200-x1)")
     train.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     train.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"], help="compute dtype")

@@ -45,7 +45,8 @@ def build_train_spec(args: argparse.Namespace):
                      out=Path(args.out), hardware=hw, optim=optim, tokenizer=args.tokenizer, device=args.device,
                      dtype=args.dtype, seed=args.seed, resume=args.resume, save_every=args.save_every,
                      export_hf=args.export_hf, gpu_budget_gib=args.gpu_budget, host_limit_gib=args.host_limit,
-                     final_checkpoint=not args.no_checkpoint, world=world, on_nonfinite=args.on_nonfinite)
+                     final_checkpoint=not args.no_checkpoint, world=world, on_nonfinite=args.on_nonfinite,
+                     ranks_per_gpu=args.ranks_per_gpu)
 
 
 RANK_ARGV_ENV = "SLIDEDP_RANK_ARGV"
@@ -117,10 +118,38 @@ def launch_ranks(args: argparse.Namespace, spec) -> int:
     return 0
 
 
+def check_rank_placement(nproc: int, ranks_per_gpu: int, device: str) -> None:
+    """Refuse, before any rank starts, a run whose ranks do not each get a GPU: rank r computes on GPU
+    r // ranks_per_gpu, so ``nproc`` may not exceed the visible GPUs times ``ranks_per_gpu``."""
+    import torch
+
+    if nproc == 1 and ranks_per_gpu == 1:
+        return
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if not cuda:
+        if ranks_per_gpu > 1:
+            raise SlideDPError("--ranks-per-gpu needs a CUDA device (CPU ranks share the cores already)")
+        return
+    if device.startswith("cuda:"):
+        raise SlideDPError(f"--device {device} names one GPU, but --nproc {nproc} places each rank itself: "
+                           "use --device cuda")
+    visible = torch.cuda.device_count()
+    if nproc > visible * ranks_per_gpu:
+        where = os.environ.get("CUDA_VISIBLE_DEVICES")
+        shown = f" (CUDA_VISIBLE_DEVICES={where})" if where is not None else ""
+        raise SlideDPError(f"--nproc {nproc} needs {-(-nproc // ranks_per_gpu)} GPU(s) at {ranks_per_gpu} rank(s) "
+                           f"per GPU, but {visible} {'is' if visible == 1 else 'are'} visible{shown}: lower --nproc, "
+                           f"add --ranks-per-gpu {-(-nproc // max(visible, 1))}, or use --device cpu")
+    if nproc % ranks_per_gpu:
+        raise SlideDPError(f"--nproc {nproc} is not a multiple of --ranks-per-gpu {ranks_per_gpu}")
+
+
 def run_train(args: argparse.Namespace) -> int:
     from slidedp.runtime.trainer import Trainer
 
     console = Console(stderr=True)
+    if "WORLD_SIZE" not in os.environ:
+        check_rank_placement(args.nproc, args.ranks_per_gpu, args.device)
     spec = build_train_spec(args)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         Trainer(spec, log=console.print)  # validate every input here, before any rank starts

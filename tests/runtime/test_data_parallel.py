@@ -143,3 +143,39 @@ def test_reduce_scatter_falls_back_to_all_reduce_only_where_the_backend_lacks_it
     with pytest.raises(NotImplementedError):
         comm.reduce_scatter_(torch.empty(3), torch.arange(6.0))
     assert Comm().reduce_scatter_(torch.empty(2), torch.tensor([1.0, 2.0])).tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("nproc, per_gpu, device, gpus, message", [
+    (2, 1, "auto", 1, "--nproc 2 needs 2 GPU(s) at 1 rank(s) per GPU, but 1 is visible"),
+    (3, 2, "cuda", 1, "add --ranks-per-gpu 3"),
+    (4, 2, "cuda", 4, None),
+    (3, 2, "cuda", 2, "--nproc 3 is not a multiple of --ranks-per-gpu 2"),
+    (2, 1, "cuda:0", 2, "names one GPU"),
+    (2, 2, "cpu", 0, "--ranks-per-gpu needs a CUDA device"),
+    (2, 1, "cpu", 0, None),
+])
+def test_launcher_refuses_ranks_without_a_gpu_before_starting_any(monkeypatch, nproc, per_gpu, device, gpus, message):
+    """On a one-GPU host `--nproc 2` once started torchrun and died with a CUDA traceback in rank 1."""
+    from slidedp.commands.train import check_rank_placement
+    from slidedp.errors import SlideDPError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    if message is None:
+        check_rank_placement(nproc, per_gpu, device)
+        return
+    with pytest.raises(SlideDPError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
+        check_rank_placement(nproc, per_gpu, device)
+    assert "\n" not in str(err.value)
+
+
+def test_cli_refuses_two_ranks_on_one_visible_gpu_with_one_line(monkeypatch, capsys, tmp_path):
+    from slidedp.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    code = main(["train", "--model", "qwen3-0.6b", "--data", "synthetic", "--steps", "1", "--out",
+                 str(tmp_path / "r"), "--nproc", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--ranks-per-gpu 2" in err
+    assert not (tmp_path / "r").exists()  # refused before anything was created

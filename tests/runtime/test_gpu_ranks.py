@@ -1,0 +1,114 @@
+"""Several data-parallel ranks on one real GPU (`--ranks-per-gpu`): the CUDA side of the shared host state (pinned
+registration of the shared mapping in several processes, CUDA events before the CPU reads landed gradients and
+before the GPU reads updated weights, copy streams of several processes on one link) for every route pair and
+update schedule, against one rank at the same global batch; and the launcher's cleanup with CUDA ranks. Run with
+`python -m pytest -m gpu` on a CUDA machine; skipped elsewhere (CI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from slidedp.policy import Policy
+from slidedp.runtime.shared_dir import PREFIX
+from tests.builders import TINY
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (python -m pytest -m gpu)")]
+
+STEPS, SEQ = 3, 32
+# bf16 compute: the ranks sum their gradients in another order than one process does (and through a bf16
+# landing buffer on the per-rank route), so losses agree to bf16's resolution, not bit for bit.
+LOSS_RTOL = 2e-2
+
+
+def _state_dirs() -> set[Path]:
+    return {p for p in Path("/dev/shm").glob(f"{PREFIX}*") if p.is_dir() and p.stat().st_uid == os.getuid()}
+
+
+def _cmd(tmp_path: Path, out: Path, nproc: int, policy: Policy, *extra: str) -> list[str]:
+    (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
+    (tmp_path / "data.txt").write_text("streaming layers through a shared host state on one GPU " * 80)
+    policy_path = tmp_path / f"policy-{out.name}.yaml"
+    policy.save(policy_path)
+    return [sys.executable, "-m", "slidedp.cli", "train", "--model", str(tmp_path / "tiny.json"), "--data",
+            str(tmp_path / "data.txt"), "--seq", str(SEQ), "--device", "cuda", "--dtype", "bf16", "--policy",
+            str(policy_path), "--nproc", str(nproc), "--ranks-per-gpu", str(nproc), "--out", str(out), *extra]
+
+
+def _train(tmp_path: Path, name: str, nproc: int, policy: Policy, *extra: str) -> tuple[list[float], dict]:
+    out = tmp_path / name
+    done = subprocess.run(_cmd(tmp_path, out, nproc, policy, "--steps", str(STEPS), *extra), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (out / "metrics.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    losses = [float(line.split(",")[header.index("loss")]) for line in lines[1:]]
+    return losses, json.loads((out / "summary.json").read_text())
+
+
+def _policy(world: int, param_route: str, grad_route: str, schedule: str = "next_forward",
+            gpu_state_units: int = 0) -> Policy:
+    return Policy(param_route=param_route, grad_route=grad_route, micro_batch=1, accumulation=2, chunks_per_layer=3,
+                  update_schedule=schedule, gpu_state_units=gpu_state_units)
+
+
+CASES = [(2, pr, gr, "next_forward", 0) for pr in ("replicated", "sharded") for gr in ("per_rank", "reduce_scatter")]
+CASES += [(3, "sharded", "reduce_scatter", "next_forward", 0), (2, "replicated", "per_rank", "after_backward", 0),
+          (2, "sharded", "reduce_scatter", "next_forward", 2)]
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """One rank's losses per (accumulation, schedule, GPU-held units): the routes do not apply to one rank, so
+    every route pair at a world size is compared with the same single-rank run."""
+    cache: dict[tuple, list[float]] = {}
+
+    def losses(policy: Policy) -> list[float]:
+        key = (policy.accumulation, policy.update_schedule, policy.gpu_state_units)
+        if key not in cache:
+            cache[key], _ = _train(tmp_path_factory.mktemp("one"), "single", 1, policy)
+        return cache[key]
+    return losses
+
+
+@pytest.mark.parametrize("world, param_route, grad_route, schedule, held", CASES)
+def test_ranks_sharing_the_gpu_train_like_one_rank(tmp_path, one_rank, world, param_route, grad_route, schedule,
+                                                   held):
+    before = _state_dirs()
+    policy = _policy(world, param_route, grad_route, schedule, held)
+    ranks, summary = _train(tmp_path, "ranks", world, policy)
+    single = one_rank(Policy(**{**policy.to_dict(), "accumulation": policy.accumulation * world}))
+    assert ranks == pytest.approx(single, rel=LOSS_RTOL)
+    assert summary["ranks"] == world
+    assert all((tmp_path / "ranks" / f"trace_rank{r}.parquet").exists() for r in range(1, world))
+    assert not (_state_dirs() - before)  # a clean end leaves nothing in /dev/shm
+
+
+def test_sigint_to_the_launcher_and_a_killed_cuda_rank_leave_nothing(tmp_path):
+    before = _state_dirs()
+    policy = _policy(2, "sharded", "reduce_scatter")
+    proc = subprocess.Popen(_cmd(tmp_path, tmp_path / "int", 2, policy, "--steps", "500"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    t0 = time.monotonic()
+    while not (_state_dirs() - before):
+        assert time.monotonic() - t0 < 120 and proc.poll() is None, "the run never created its shared state"
+        time.sleep(0.2)
+    time.sleep(2.0)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert not (_state_dirs() - before)
+    fault = {**os.environ, "SLIDEDP_FAULT_RANK": "1", "SLIDEDP_FAULT_STEP": "2"}  # rank 1 SIGKILLs itself
+    killed = subprocess.run(_cmd(tmp_path, tmp_path / "kill", 2, policy, "--steps", "4"), capture_output=True,
+                            text=True, timeout=300, env=fault)
+    assert killed.returncode != 0 and "a rank failed" in killed.stderr
+    assert not (_state_dirs() - before)
