@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -51,12 +50,6 @@ def build_train_spec(args: argparse.Namespace):
 RANK_ARGV_ENV = "SLIDEDP_RANK_ARGV"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 GRACE_SECONDS = 20  # after forwarding a signal: how long the ranks get to stop before they are killed
 
@@ -78,8 +71,10 @@ def launch_ranks(args: argparse.Namespace, spec) -> int:
               f"/dev/shm ({sum(s.bytes for s in stale) / 2**30:.1f} GiB): `slidedp clean --remove` frees them",
               file=sys.stderr)
     run_id = new_run_id()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), "--master_addr",
-           "127.0.0.1", "--master_port", str(_free_port()), "--max_restarts", "0", "-m", "slidedp.cli"]
+    # --standalone: torchrun binds its rendezvous store on port 0 itself and hands the ranks that bound port
+    # (a port picked here and released before torchrun binds it could be taken by another process meanwhile).
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1",
+           "--nproc_per_node", str(args.nproc), "--max_restarts", "0", "-m", "slidedp.cli"]
     # The rank processes get this command line through the environment: torchrun's own parser would
     # otherwise try to read options such as --nproc.
     env = {**os.environ, RANK_ARGV_ENV: json.dumps(args.argv), RUN_ID_ENV: run_id, LAUNCHER_PID_ENV: str(os.getpid())}
