@@ -279,6 +279,11 @@ class Trainer:
             shared = SharedDir.attach(path)
             host = HostState.allocate_shared(shared, *args, create=False, **kwargs)
             host.step = int(info[1])
+        comm.barrier()  # every rank has mapped every file
+        if comm.rank == 0:
+            # The mappings keep the pages; with the names gone, no kill of any process (the launcher's SIGKILL
+            # included) can leave the state in /dev/shm: the kernel frees it when the last rank exits.
+            shared.remove()
         return shared, host, int(info[0])
 
     def _loop(self, engine: StreamingEngine, host: HostState, device: Device, start_step: int, writer, fh,
