@@ -60,7 +60,8 @@ def recover(directory: Path) -> list[str]:
 
 def write(directory: Path, tensors: dict, meta: dict, before_meta=None) -> None:
     """Write a checkpoint atomically (see the module docstring); ``before_meta(tmp)`` runs between the state
-    file and meta.json, with the temporary directory (fault injection). A full disk is one line and leaves the previous checkpoint in place."""
+    file and meta.json, with the temporary directory (fault injection). A full disk is one line and leaves
+    the previous checkpoint in place."""
     from safetensors.torch import save_file
 
     directory = Path(directory)

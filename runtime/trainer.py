@@ -254,8 +254,9 @@ class Trainer:
     def _shared_state(self, adapter: ModelAdapter, comm: Comm, device: Device,
                       grad_dtype: torch.dtype) -> tuple[SharedDir, HostState, int]:
         """Rank 0 creates the run's private state directory and fills the one host state; the others check it
-        and map the same pages afterwards. The directory's random name comes from the launcher (or from rank 0,
-        under a bare torchrun) and travels as a tensor, never pickled."""
+        and map the same pages afterwards; then rank 0 removes the directory's names, so that the state lives
+        in /dev/shm by name only while the ranks set up. The directory's random name comes from the launcher
+        (or from rank 0, under a bare torchrun) and travels as a tensor, never pickled."""
         import torch.distributed as dist
 
         s = self.spec
