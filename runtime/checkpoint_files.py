@@ -59,8 +59,9 @@ def recover(directory: Path) -> list[str]:
 
 
 def write(directory: Path, tensors: dict, meta: dict, before_meta=None) -> None:
-    """Write a checkpoint atomically (see the module docstring); ``before_meta`` runs between the state file
-    and meta.json (fault injection). A full disk is one line and leaves the previous checkpoint in place."""
+    """Write a checkpoint atomically (see the module docstring); ``before_meta(tmp)`` runs between the state
+    file and meta.json, with the temporary directory (fault injection). A full disk is one line and leaves
+    the previous checkpoint in place."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -71,7 +72,7 @@ def write(directory: Path, tensors: dict, meta: dict, before_meta=None) -> None:
         save_file(tensors, str(tmp / STATE_FILE))
         fsync_path(tmp / STATE_FILE)
         if before_meta is not None:
-            before_meta()
+            before_meta(tmp)
         (tmp / META_FILE).write_text(json.dumps({**meta, "state_blake2b": digest(tmp / STATE_FILE)}, indent=2))
         fsync_path(tmp / META_FILE)
         fsync_path(tmp)

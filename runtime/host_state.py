@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,15 @@ from slidedp.runtime import checkpoint_files
 from slidedp.runtime.hf_adapter import ModelAdapter
 from slidedp.runtime.shared_dir import SharedDir
 
-FAULT_KILL_IN_SAVE = "SLIDEDP_FAULT_KILL_IN_SAVE"  # tests: the data step whose checkpoint write is killed
+# Fault injection for the tests, both keyed by the data step whose checkpoint write they interrupt, after the
+# state file and before meta.json: KILL makes the saving process SIGKILL itself there; PAUSE makes it write
+# PAUSE_MARKER into its own temporary checkpoint directory and wait there (at most PAUSE_LIMIT_S, then the
+# marker is removed and the save goes on), so that a test can send any signal to any process at a moment
+# known to be "during the save" instead of sleeping and hoping. Neither does anything else.
+FAULT_KILL_IN_SAVE = "SLIDEDP_FAULT_KILL_IN_SAVE"
+FAULT_PAUSE_IN_SAVE = "SLIDEDP_FAULT_PAUSE_IN_SAVE"
+PAUSE_MARKER = "FAULT_PAUSED"
+PAUSE_LIMIT_S = 120.0
 
 
 def _register(t: torch.Tensor) -> None:
@@ -164,12 +173,20 @@ class HostState:
     def save(self, directory: Path, meta: dict) -> None:
         """Atomically write master, m, v and ``meta`` (runtime.checkpoint_files: temp directory, fsync, rename,
         digest), so a crash, a kill or a full disk mid-write leaves the previous checkpoint untouched."""
-        def maybe_die() -> None:
-            if os.environ.get(FAULT_KILL_IN_SAVE) == str(meta.get("data_step")):
-                os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die with the new checkpoint half-written
+        def fault_point(tmp: Path) -> None:  # see FAULT_KILL_IN_SAVE / FAULT_PAUSE_IN_SAVE
+            step = str(meta.get("data_step"))
+            if os.environ.get(FAULT_KILL_IN_SAVE) == step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if os.environ.get(FAULT_PAUSE_IN_SAVE) == step:
+                marker = tmp / PAUSE_MARKER
+                marker.write_text(str(os.getpid()))
+                deadline = time.monotonic() + PAUSE_LIMIT_S
+                while time.monotonic() < deadline:
+                    time.sleep(0.05)
+                marker.unlink()
 
         checkpoint_files.write(Path(directory), {name: getattr(self, name) for name in checkpoint_files.TENSORS},
-                               {**meta, "optimizer_step": self.step}, before_meta=maybe_die)
+                               {**meta, "optimizer_step": self.step}, before_meta=fault_point)
 
     def load(self, directory: Path) -> dict:
         """Fill master, m and v from a checkpoint that :func:`checkpoint_files.verify` accepts; non-finite

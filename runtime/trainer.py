@@ -260,8 +260,9 @@ class Trainer:
     def _shared_state(self, adapter: ModelAdapter, comm: Comm, device: Device,
                       grad_dtype: torch.dtype) -> tuple[SharedDir, HostState, int]:
         """Rank 0 creates the run's private state directory and fills the one host state; the others check it
-        and map the same pages afterwards. The directory's random name comes from the launcher (or from rank 0,
-        under a bare torchrun) and travels as a tensor, never pickled."""
+        and map the same pages afterwards; then rank 0 removes the directory's names, so that the state lives
+        in /dev/shm by name only while the ranks set up. The directory's random name comes from the launcher
+        (or from rank 0, under a bare torchrun) and travels as a tensor, never pickled."""
         import torch.distributed as dist
 
         s = self.spec
@@ -285,6 +286,11 @@ class Trainer:
             shared = SharedDir.attach(path)
             host = HostState.allocate_shared(shared, *args, create=False, **kwargs)
             host.step = int(info[1])
+        comm.barrier()  # every rank has mapped every file
+        if comm.rank == 0:
+            # The mappings keep the pages; with the names gone, no kill of any process (the launcher's SIGKILL
+            # included) can leave the state in /dev/shm: the kernel frees it when the last rank exits.
+            shared.remove()
         return shared, host, int(info[0])
 
     def _loop(self, engine: StreamingEngine, host: HostState, device: Device, start_step: int, writer, fh,

@@ -7,15 +7,15 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from slidedp.errors import SlideDPError
+from slidedp.errors import SlideDPError, TrainingStopped
 from slidedp.policy import Policy, default_policy
 from slidedp.problem import resolve_hardware
 
@@ -50,12 +50,10 @@ def build_train_spec(args: argparse.Namespace):
 
 
 RANK_ARGV_ENV = "SLIDEDP_RANK_ARGV"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# A private file in the run directory where a rank that stops on purpose (TrainingStopped) writes its exit code
+# and message: torchrun reports any failed rank as exit code 1, so this is how the launcher keeps the
+# documented code (3 for --on-nonfinite stop) and prints the reason once instead of once per rank.
+EXIT_FILE_ENV = "SLIDEDP_EXIT_FILE"
 
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -79,11 +77,16 @@ def launch_ranks(args: argparse.Namespace, spec) -> int:
               f"/dev/shm ({sum(s.bytes for s in stale) / 2**30:.1f} GiB): `slidedp clean --remove` frees them",
               file=sys.stderr)
     run_id = new_run_id()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), "--master_addr",
-           "127.0.0.1", "--master_port", str(_free_port()), "--max_restarts", "0", "-m", "slidedp.cli"]
+    exit_fd, exit_file = tempfile.mkstemp(prefix=".slidedp-exit-", dir=spec.out)
+    os.close(exit_fd)
+    # --standalone: torchrun binds its rendezvous store on port 0 itself and hands the ranks that bound port
+    # (a port picked here and released before torchrun binds it could be taken by another process meanwhile).
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1",
+           "--nproc_per_node", str(args.nproc), "--max_restarts", "0", "-m", "slidedp.cli"]
     # The rank processes get this command line through the environment: torchrun's own parser would
     # otherwise try to read options such as --nproc.
-    env = {**os.environ, RANK_ARGV_ENV: json.dumps(args.argv), RUN_ID_ENV: run_id, LAUNCHER_PID_ENV: str(os.getpid())}
+    env = {**os.environ, RANK_ARGV_ENV: json.dumps(args.argv), RUN_ID_ENV: run_id, LAUNCHER_PID_ENV: str(os.getpid()),
+           EXIT_FILE_ENV: exit_file}
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     received: list[int] = []
 
@@ -104,6 +107,8 @@ def launch_ranks(args: argparse.Namespace, spec) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         SharedDir(state_dir(run_id)).remove()
+        stopped = _read_stop(Path(exit_file))
+        Path(exit_file).unlink(missing_ok=True)
         lock.release()
     if received:
         print(f"slidedp: interrupted ({signal.Signals(received[0]).name}); every rank stopped and the shared state "
@@ -112,9 +117,11 @@ def launch_ranks(args: argparse.Namespace, spec) -> int:
     if code != 0:
         ckpt = spec.out / "checkpoint"
         state = f"the last complete checkpoint {ckpt} is intact" if ckpt.exists() else "no checkpoint was written"
-        stopped = 3 if code == 3 else 1  # --on-nonfinite stop ends every rank with 3: keep the documented code
+        if stopped is not None:  # a rank stopped the run on purpose: its code and reason, once
+            print(f"slidedp: error: {stopped[1]}", file=sys.stderr)
+            return stopped[0]
         print(f"slidedp: error: a rank failed (exit code {code}); all ranks stopped; {state}", file=sys.stderr)
-        return stopped
+        return 1
     return 0
 
 
@@ -142,6 +149,30 @@ def check_rank_placement(nproc: int, ranks_per_gpu: int, device: str) -> None:
                            f"add --ranks-per-gpu {-(-nproc // max(visible, 1))}, or use --device cpu")
     if nproc % ranks_per_gpu:
         raise SlideDPError(f"--nproc {nproc} is not a multiple of --ranks-per-gpu {ranks_per_gpu}")
+
+
+def _read_stop(path: Path) -> tuple[int, str] | None:
+    """The first record a rank wrote to the exit file: (exit code, message), or None."""
+    try:
+        first = path.read_text(errors="replace").split("\n", 1)[0]
+        code, message = first.split("\t", 1)
+        return int(code), message[:500]
+    except (OSError, ValueError):
+        return None
+
+
+def _record_stop(exc: TrainingStopped) -> bool:
+    """A rank's record of why it stopped, for its launcher (see EXIT_FILE_ENV); False where there is none."""
+    path = os.environ.get(EXIT_FILE_ENV)
+    if not path:
+        return False
+    try:  # the launcher created it; never create or follow anything here
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"{exc.exit_code}\t{' '.join(str(exc).split())}\n")
+    return True
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -177,6 +208,10 @@ def run_train(args: argparse.Namespace) -> int:
         with progress:
             task = progress.add_task("train", total=spec.steps, info="")
             summary = trainer.run()
+    except TrainingStopped as exc:
+        if "WORLD_SIZE" in os.environ and _record_stop(exc):
+            return exc.exit_code  # the launcher prints the reason once
+        raise
     finally:
         if lock is not None:
             lock.release()

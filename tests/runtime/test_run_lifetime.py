@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -94,10 +95,6 @@ def test_one_live_run_per_run_directory(tmp_path):
     RunLock(tmp_path / "run").release()
 
 
-def _my_state_dirs() -> set[Path]:
-    return set(Path("/dev/shm").glob(f"{PREFIX}{os.getuid()}-*"))
-
-
 def _launch(tmp_path, out, *extra, env=None) -> subprocess.Popen:
     (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
     (tmp_path / "data.txt").write_text("streaming layers through a shared host state " * 60)
@@ -123,66 +120,71 @@ def _ranks_of(launcher_pid: int) -> list[int]:
     return pids
 
 
-def _wait_for_state(before: set[Path], deadline: float = 90.0) -> None:
+def _run_id_of(launcher_pid: int, deadline: float = 90.0) -> str:
+    """The random run id the launcher handed its ranks (read from torchrun's environment)."""
     t0 = time.monotonic()
-    while not (_my_state_dirs() - before):
-        assert time.monotonic() - t0 < deadline, "the run never created its shared state"
+    while True:
+        for pid in _ranks_of(launcher_pid):
+            with contextlib.suppress(OSError):
+                for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    if item.startswith(b"SLIDEDP_RUN_ID="):
+                        return item.split(b"=", 1)[1].decode()
+        assert time.monotonic() - t0 < deadline, "the launcher never started torchrun"
+        time.sleep(0.2)
+
+
+def _wait_for_steps(out: Path, steps: int = 1, deadline: float = 90.0) -> None:
+    """Until the run has logged ``steps`` steps: every rank is set up and training."""
+    t0 = time.monotonic()
+    while not (out / "metrics.csv").exists() or len((out / "metrics.csv").read_text().splitlines()) <= steps:
+        assert time.monotonic() - t0 < deadline, "the run never logged a step"
         time.sleep(0.2)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_to_the_launcher_stops_every_rank_and_removes_the_state(tmp_path, sig):
-    before = _my_state_dirs()
+def test_a_signal_to_the_launcher_stops_every_rank_and_leaves_no_state(tmp_path, sig):
     proc = _launch(tmp_path, tmp_path / "run", "--steps", "500")
-    _wait_for_state(before)
-    created = _my_state_dirs() - before
-    assert all(_mode(p) == 0o700 for p in created)
-    time.sleep(1.0)
+    run_id = _run_id_of(proc.pid)
+    _wait_for_steps(tmp_path / "run")
+    # every rank has mapped the state and rank 0 has removed its names: nothing in /dev/shm while it trains
+    assert not state_dir(run_id).exists()
     os.kill(proc.pid, sig)
     _, err = proc.communicate(timeout=60)
     # torchrun logs its own shutdown above; the launcher's one line closes the output
     assert proc.returncode == 130 and err.strip().splitlines()[-1].startswith("slidedp: interrupted")
     time.sleep(0.5)
-    assert not _ranks_of(proc.pid) and not (_my_state_dirs() & created)
+    assert not _ranks_of(proc.pid) and not state_dir(run_id).exists()
 
 
 def test_a_second_run_on_the_same_run_directory_refuses(tmp_path):
-    before = _my_state_dirs()
     first = _launch(tmp_path, tmp_path / "run", "--steps", "500")
     try:
-        _wait_for_state(before)
+        _wait_for_steps(tmp_path / "run")
         second = _launch(tmp_path, tmp_path / "run", "--steps", "1")
         _, err = second.communicate(timeout=60)
         assert second.returncode == 2 and "in use by another slidedp run" in err
     finally:
         os.kill(first.pid, signal.SIGTERM)
         first.communicate(timeout=60)
-    assert not (_my_state_dirs() - before)
 
 
-def test_a_killed_launcher_takes_its_ranks_along_and_leaves_state_that_clean_finds(tmp_path):
-    before = _my_state_dirs()
+def test_a_killed_launcher_takes_its_ranks_along_and_leaves_no_state(tmp_path):
     proc = _launch(tmp_path, tmp_path / "run", "--steps", "500")
-    _wait_for_state(before)
-    left = _my_state_dirs() - before
-    time.sleep(1.0)
+    run_id = _run_id_of(proc.pid)
+    _wait_for_steps(tmp_path / "run")
     os.kill(proc.pid, signal.SIGKILL)  # nothing can clean up after this: the ranks must still not live on
     proc.communicate(timeout=60)
     t0 = time.monotonic()
     while _ranks_of(proc.pid) and time.monotonic() - t0 < 60:
         time.sleep(0.5)
     assert not _ranks_of(proc.pid)
-    stale = {s.path for s in stale_states()}
-    assert left <= stale
-    for path in left:
-        SharedDir(path).remove()
-    assert not (_my_state_dirs() & left)
+    assert not state_dir(run_id).exists() and not any(s.path == state_dir(run_id) for s in stale_states())
 
 
 def test_a_killed_rank_leaves_no_state_behind(tmp_path):
-    before = _my_state_dirs()
     fault = {"SLIDEDP_FAULT_RANK": "1", "SLIDEDP_FAULT_STEP": "2"}  # rank 1 SIGKILLs itself at step 2
     proc = _launch(tmp_path, tmp_path / "run", "--steps", "4", env=fault)
+    run_id = _run_id_of(proc.pid)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "a rank failed" in err
-    assert not (_my_state_dirs() - before) and not _ranks_of(proc.pid)
+    assert not state_dir(run_id).exists() and not _ranks_of(proc.pid)
