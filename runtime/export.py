@@ -60,7 +60,11 @@ def export_hf(host: HostState, adapter: ModelAdapter, directory: Path, tokenizer
     elif stale.exists():
         stale.unlink()  # an earlier, sharded export in the same directory
     config = type(config).from_dict(config.to_dict())
-    config.torch_dtype = str(dtype).replace("torch.", "")  # transformers >= 5 writes this as "dtype"
+    name = str(dtype).replace("torch.", "")
+    if "dtype" in getattr(config, "__dict__", {}) or isinstance(getattr(type(config), "dtype", None), property):
+        config.dtype = name  # transformers >= 4.56 (it writes "dtype")
+    else:
+        config.torch_dtype = name
     config.architectures = [type(adapter.skeleton).__name__]
     config.save_pretrained(str(directory))
     gen = GenerationConfig(bos_token_id=getattr(config, "bos_token_id", None),

@@ -223,9 +223,11 @@ class Trainer:
         else:
             host = HostState.allocate(adapter.total_params, self.compute_dtype, grad_dtype, pin=device.is_cuda)
             start_step = self._initialise(host, adapter, device)
+        where = (f"predicted GPU peak {self.memory.gpu_peak / GIB:.1f} GiB of a {self.gpu_budget / GIB:.1f} GiB budget"
+                 if device.is_cuda else "device cpu: no GPU, the weights stream into host memory")
         self.log(f"host state: {host.bytes_per_param():.1f} bytes/param x {adapter.total_params / 1e9:.3f} B params "
                  f"= {host.total_bytes() / GIB:.2f} GiB (one copy for {comm.world} rank(s), pinned={host.pinned}); "
-                 f"predicted GPU peak {self.memory.gpu_peak / GIB:.1f} GiB of a {self.gpu_budget / GIB:.1f} GiB budget")
+                 f"{where}")
         threads = self.workload.adam_threads if device.is_cuda else None
         config = EngineConfig(s.policy, s.optim, s.seq, self.compute_dtype, adam_threads=threads)
         engine = StreamingEngine(config, adapter, self.model_spec, host, device, TraceRecorder(device, rank=comm.rank),
@@ -381,9 +383,10 @@ class Trainer:
                 self.on_step(step + 1, stats, dt)
             if s.save_every and (step + 1) % s.save_every == 0:
                 self._checkpoint(engine, host, comm, step + 1)
-        if s.final_checkpoint:
-            self._checkpoint(engine, host, comm, start_step + s.steps)
-        else:
+        end = start_step + s.steps
+        if s.final_checkpoint and not (s.save_every and end % s.save_every == 0):  # not saved a moment ago
+            self._checkpoint(engine, host, comm, end)
+        elif not s.final_checkpoint:
             engine.flush()
         return times, last, evals
 
@@ -394,7 +397,7 @@ class Trainer:
             s = self.spec
             latest = s.out / CHECKPOINT
             if s.keep > 1:
-                _keep_aside(latest)
+                _keep_aside(latest, data_step)
             host.save(latest, {"data_step": data_step, "policy": s.policy.to_dict(), "world": comm.world,
                                "seq": s.seq, "batch": self.per_step, "model_spec": self.model_spec.to_dict(),
                                "schedule": schedule_dict(s.optim)})
@@ -464,7 +467,7 @@ def _kept(out: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _keep_aside(latest: Path) -> None:
+def _keep_aside(latest: Path, new_step: int) -> None:
     """Before the latest checkpoint is replaced: hard-link its files into checkpoint-step<N> (no copy of the
     bytes; the atomic replace then removes only the old names)."""
     import json
@@ -477,7 +480,7 @@ def _keep_aside(latest: Path) -> None:
     except (ValueError, KeyError, TypeError):
         return
     aside = latest.with_name(f"{CHECKPOINT}-step{step}")
-    if aside.exists():
+    if aside.exists() or step == new_step:
         return
     tmp = aside.with_name(aside.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -148,7 +148,11 @@ def run_outcome(summary, spec) -> str:
     if summary.predicted_step_time_s:
         error = summary.predicted_step_time_s / summary.step_time_s - 1
         tuned = f" (the tuner said {summary.tuner_step_time_s:.3f} s)" if summary.tuner_step_time_s else ""
-        lines.append(f"predicted {summary.predicted_step_time_s:.3f} s/step for {spec.hardware.name}{tuned}, "
-                     f"measured {summary.step_time_s:.3f} s/step ({error:+.0%})")
+        if str(summary.device).startswith("cuda"):
+            lines.append(f"predicted {summary.predicted_step_time_s:.3f} s/step for {spec.hardware.name}{tuned}, "
+                         f"measured {summary.step_time_s:.3f} s/step ({error:+.0%})")
+        else:
+            lines.append(f"predicted {summary.predicted_step_time_s:.3f} s/step for {spec.hardware.name}{tuned}; "
+                         f"this run was on the CPU, so its {summary.step_time_s:.3f} s/step is not comparable")
     lines.append(f"run directory {spec.out}")
     return "\n".join(lines)

@@ -212,6 +212,8 @@ def build_train_spec(args: argparse.Namespace, log=print):
     optim = OptimConfig(lr=pick("lr", "lr"), weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm or None,
                         warmup_steps=pick("warmup", "warmup_steps"), total_steps=total,
                         min_lr_ratio=pick("min_lr_ratio", "min_lr_ratio"))
+    args.lr, args.warmup, args.min_lr_ratio, args.total_steps = (optim.lr, optim.warmup_steps, optim.min_lr_ratio,
+                                                                  optim.total_steps)  # config.yaml: as resolved
     world = int(os.environ.get("WORLD_SIZE", args.nproc))
     if world != args.nproc:
         raise SlideDPError(f"launched with WORLD_SIZE={world} but --nproc {args.nproc}")
