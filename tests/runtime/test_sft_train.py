@@ -173,3 +173,24 @@ def test_run_directory_checks_come_first(files, capsys, case, message):
     err = capsys.readouterr().err
     assert message in err and err.strip().count("\n") == 0
     assert out.is_file() if case == "out_is_file" else not out.exists()
+
+
+def test_two_ranks_train_and_evaluate_packed_chat_like_one(files):
+    """Packed chat rows, eval split over the ranks: the same losses and eval loss as one process."""
+    import os
+    import subprocess
+    import sys
+
+    common = ["--model", str(files / "tiny.json"), "--data", str(files / "chat.jsonl"), "--tokenizer",
+              str(files / "tok"), "--seq", "96", "--batch", "4", "--steps", "2", "--lr", "1e-2", "--eval-fraction",
+              "0.3", "--log", "none", "--device", "cpu", "--no-checkpoint"]
+    assert main(["train", *common, "--out", str(files / "one")]) == 0
+    proc = subprocess.run([sys.executable, "-m", "slidedp.cli", "train", *common, "--nproc", "2", "--out",
+                           str(files / "two")], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    one = json.loads((files / "one" / "summary.json").read_text())
+    two = json.loads((files / "two" / "summary.json").read_text())
+    assert two["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-5)
+    loss_one = pd.read_csv(files / "one" / "metrics.csv").loss.tolist()
+    loss_two = pd.read_csv(files / "two" / "metrics.csv").loss.tolist()
+    assert loss_two == pytest.approx(loss_one, rel=1e-5)
