@@ -37,7 +37,7 @@ from slidedp.runtime.run_logs import RunLog, check_logger, perplexity
 from slidedp.runtime.shared_dir import LAUNCHER_PID_ENV, RUN_ID_ENV, SharedDir, new_run_id, state_dir
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.sim import simulate
-from slidedp.trace import EXPOSURE_CATEGORIES
+from slidedp.trace import EXPOSURE_CATEGORIES, busiest_resource
 from slidedp.workload import StepWorkload
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -420,7 +420,7 @@ class Trainer:
             steps=len(times), step_time_s=step_time, tokens_per_s=self.per_step * s.seq / step_time,
             model_tflops_per_gpu=self.workload.model_flops_per_step() / step_time / s.world / 1e12,
             limiter=limiter(float(mean["compute"]), {c: float(mean[c]) for c in EXPOSURE_CATEGORIES}),
-            bottleneck="",
+            bottleneck=_device_label(busiest_resource(last.trace), device),
             final_loss=last.loss,
             gpu_peak_gib=torch.cuda.max_memory_allocated(device.torch_device) / GIB if device.is_cuda else None,
             predicted_gpu_peak_gib=self.memory.gpu_peak / GIB,
@@ -436,6 +436,11 @@ class Trainer:
             data_format=self.loaded.format,
             **({"eval_loss": evals[-1][1], "eval_perplexity": perplexity(evals[-1][1])} if evals else {}),
         )
+
+
+def _device_label(resource: str, device: Device) -> str:
+    """Trace resources keep the schema's names (gpu[g]) on any device; a CPU run's report says cpu."""
+    return resource if device.is_cuda or not resource.startswith("gpu[") else "compute on cpu"
 
 
 def schedule_dict(optim: OptimConfig) -> dict:

@@ -43,6 +43,7 @@ def test_chat_sft_with_eval_logs_keep_and_export(files):
     assert summary["eval_loss"] == pytest.approx(metrics.eval_loss.iloc[-1], rel=1e-5)
     assert summary["eval_perplexity"] == pytest.approx(float(torch.tensor(summary["eval_loss"]).exp()), rel=1e-5)
     assert summary["data_format"] == "messages" and summary["global_step"] == 4
+    assert summary["bottleneck"] == "compute on cpu" and summary["device"] == "cpu"
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
@@ -194,3 +195,12 @@ def test_two_ranks_train_and_evaluate_packed_chat_like_one(files):
     loss_one = pd.read_csv(files / "one" / "metrics.csv").loss.tolist()
     loss_two = pd.read_csv(files / "two" / "metrics.csv").loss.tolist()
     assert loss_two == pytest.approx(loss_one, rel=1e-5)
+
+
+def test_busiest_resource_counts_overlaps_once():
+    from slidedp.trace import busiest_resource, make_trace
+
+    rows = [(0, "cpu", "adam", 1, 0, -1, 0.0, 1.0, 0, 0, 0), (0, "cpu", "adam", 1, 1, -1, 0.5, 1.5, 0, 0, 0),
+            (0, "gpu[0]", "fwd", 1, -1, 0, 0.0, 1.2, 0, 0, 0)]
+    assert busiest_resource(make_trace(rows)) == "cpu"  # 1.5 s of union beats 1.2 s
+    assert busiest_resource(make_trace(rows[1:])) == "gpu[0]"
