@@ -1,135 +1,190 @@
-"""Training data: text or jsonl files, a local HF tokenizer or a byte-level fallback, packed into sequences.
+"""Training and eval data: files -> records (``datasets``) -> examples (format, mask) -> rows, cached.
 
-Packing concatenates documents separated by an end-of-sequence token and cuts windows of seq + 1 tokens
-(inputs plus the shifted labels), so no token is padding. Batches are drawn in a seeded permutation per
-epoch and addressed by step number, which is all a resumed run needs to continue where it stopped.
+``load_data`` is the one entry point. Its result is keyed by everything that shapes the rows (the data
+files' identity, the tokenizer's files, format, field names, masking, ``seq``, packing, the long-example
+rule, the eval split and the seed) and stored in ``cache_dir`` as safetensors, so a resumed run (or a
+second run on the same data) skips tokenization. Batches are drawn in a seeded permutation per epoch and
+addressed by step number, which is all a resumed run needs to continue where it stopped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from slidedp.errors import SlideDPError
+from slidedp.runtime.data_sources import DataSource
+from slidedp.runtime.formats import FORMATS, FieldMap, Formatter, detect_format
+from slidedp.runtime.packing import TOO_LONG, PackStats, Rows, pack_examples, pack_stream
+from slidedp.runtime.text_tokenizers import BYTE_EOS, ByteTokenizer, load_tokenizer
 
-BYTE_EOS = 256
+__all__ = ["BYTE_EOS", "ByteTokenizer", "DataSpec", "LoadedData", "PackStats", "PackedData", "Rows", "load_data",
+           "load_tokenizer"]
 
-
-class ByteTokenizer:
-    """UTF-8 bytes as tokens 0-255 and 256 as end-of-sequence: works for any vocabulary of 257+."""
-
-    eos_token_id = BYTE_EOS
-
-    def __init__(self, vocab_size: int):
-        if vocab_size < 257:
-            raise SlideDPError("the byte-level tokenizer needs a vocabulary of at least 257, "
-                               f"the model has {vocab_size}")
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+CACHE_VERSION = 1  # bump when the row layout changes
 
 
-def load_tokenizer(path: str | None, vocab_size: int):
-    if path is None or path == "bytes":
-        return ByteTokenizer(vocab_size)
-    if not Path(path).is_dir():
-        raise SlideDPError(f"tokenizer {path!r}: not a directory (give a local HF tokenizer directory or 'bytes')")
-    from transformers import AutoTokenizer
+@dataclass(frozen=True)
+class DataSpec:
+    """What the data is and how it becomes rows; every field is part of the cache key."""
 
-    try:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise SlideDPError(f"tokenizer {path!r}: cannot load ({str(exc).splitlines()[0]})") from None
-    if len(tok) > vocab_size:
-        raise SlideDPError(f"tokenizer {path!r} has {len(tok)} tokens but the model's vocabulary is {vocab_size}")
-    return tok
+    source: str
+    tokenizer: str | None = None
+    format: str = "auto"
+    fields: str | dict | None = None
+    train_on_prompt: bool = False
+    packing: bool = True
+    too_long: str = "truncate"
+    eval_source: str | None = None
+    eval_fraction: float = 0.0
 
-
-MAX_DATA_BYTES = 8 * 2**30  # text read and tokenized in memory at start
-
-
-def _documents(path: Path):
-    files = sorted(p for p in path.rglob("*") if p.suffix in (".txt", ".jsonl", ".json")) if path.is_dir() else [path]
-    if not files:
-        raise SlideDPError(f"data {str(path)!r}: no .txt or .jsonl files")
-    total = 0
-    for f in files:
-        if not f.is_file():  # /dev/zero, a FIFO: reads that never end
-            raise SlideDPError(f"data {str(f)!r} is not a regular file")
-        total += f.stat().st_size
-        if total > MAX_DATA_BYTES:
-            raise SlideDPError(f"data {str(path)!r} holds more than {MAX_DATA_BYTES / 2**30:.0f} GiB of text; this "
-                               f"loader tokenizes in memory: split it or pre-tokenize")
-        try:
-            text = f.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SlideDPError(f"data {str(f)!r}: cannot read ({type(exc).__name__}: {str(exc)[:80]})") from None
-        if f.suffix in (".jsonl", ".json"):
-            for n, line in enumerate(text.splitlines(), start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise SlideDPError(f"data {f.name} line {n}: not JSON ({exc.msg})") from None
-                except RecursionError:
-                    raise SlideDPError(f"data {f.name} line {n}: JSON nested too deeply") from None
-                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                    raise SlideDPError(f"data {f.name} line {n}: expected an object with a 'text' string")
-                yield record["text"]
-        else:
-            yield text
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise SlideDPError(f"--format must be one of {', '.join(FORMATS)}, got {self.format!r}")
+        if self.too_long not in TOO_LONG:
+            raise SlideDPError(f"--too-long must be truncate or drop, got {self.too_long!r}")
+        if not (isinstance(self.eval_fraction, (int, float)) and 0 <= self.eval_fraction < 1):
+            raise SlideDPError(f"--eval-fraction must be in [0, 1), got {self.eval_fraction!r}")
+        if self.eval_source and self.eval_fraction:
+            raise SlideDPError("give --eval-data or --eval-fraction, not both")
+        FieldMap.parse(self.fields)
 
 
 @dataclass
 class PackedData:
-    """Sequences of seq + 1 tokens; ``batch(step)`` returns the step's sequences, deterministically."""
+    """Rows; ``batch(step)`` returns the step's ``per_step`` rows, deterministically."""
 
-    sequences: torch.Tensor  # [n, seq + 1] int64
+    rows: Rows
     per_step: int
     seed: int
 
     def __post_init__(self) -> None:
-        if self.sequences.shape[0] < self.per_step:
-            raise SlideDPError(f"data packs into {self.sequences.shape[0]} sequence(s) of "
-                               f"{self.sequences.shape[1] - 1} tokens; one step needs {self.per_step}")
+        if len(self.rows) < self.per_step:
+            raise SlideDPError(f"data packs into {len(self.rows)} sequence(s) of {self.rows.seq} tokens; one step "
+                               f"needs {self.per_step}")
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.sequences.shape[0] // self.per_step
+        return len(self.rows) // self.per_step
 
-    def batch(self, step: int) -> torch.Tensor:
+    def batch(self, step: int) -> Rows:
         epoch, within = divmod(step, self.steps_per_epoch)
-        order = torch.randperm(self.sequences.shape[0], generator=torch.Generator().manual_seed(self.seed + epoch))
-        idx = order[within * self.per_step:(within + 1) * self.per_step]
-        return self.sequences[idx]
+        order = torch.randperm(len(self.rows), generator=torch.Generator().manual_seed(self.seed + epoch))
+        return self.rows.select(order[within * self.per_step:(within + 1) * self.per_step])
 
 
-def pack(tokens: list[int], seq: int) -> torch.Tensor:
-    window = seq + 1
-    n = (len(tokens) - 1) // seq
-    if n < 1:
-        raise SlideDPError(f"data is shorter than one sequence: {len(tokens)} tokens, a sequence needs {window}")
-    t = torch.tensor(tokens[: n * seq + 1], dtype=torch.int64)
-    return torch.stack([t[i * seq:i * seq + window] for i in range(n)])
+@dataclass
+class LoadedData:
+    train: PackedData
+    eval: Rows | None
+    format: str
+    notes: list[str]  # what happened to the data, for the log
+    cache_file: Path | None = None
+    cached: bool = False
 
 
-def load_data(source: str, tokenizer_path: str | None, vocab_size: int, seq: int, per_step: int,
-              seed: int) -> PackedData:
-    """``synthetic`` for random tokens (benchmarks), else a file or directory of .txt/.jsonl."""
-    if source == "synthetic":
+def load_data(spec: DataSpec, vocab_size: int, seq: int, per_step: int, seed: int,
+              cache_dir: Path | None = None, log: Callable[[str], None] | None = None) -> LoadedData:
+    """``synthetic`` for random tokens (benchmarks); else files through the format pipeline, cached."""
+    if spec.source == "synthetic":
         g = torch.Generator().manual_seed(seed)
-        return PackedData(torch.randint(0, vocab_size, (max(per_step * 4, 16), seq + 1), generator=g), per_step, seed)
-    path = Path(source)
-    if not path.exists():
-        raise SlideDPError(f"data {source!r} does not exist")
-    tok = load_tokenizer(tokenizer_path, vocab_size)
-    eos = tok.eos_token_id if tok.eos_token_id is not None else 0
-    stream: list[int] = []
-    for doc in _documents(path):
-        stream.extend(tok.encode(doc))
-        stream.append(eos)
-    return PackedData(pack(stream, seq), per_step, seed)
+        windows = torch.randint(0, vocab_size, (max(per_step * 4, 16), seq + 1), generator=g)
+        return LoadedData(PackedData(Rows.from_windows(windows), per_step, seed), None, "synthetic", [])
+    source = DataSource.resolve(spec.source)
+    eval_source = DataSource.resolve(spec.eval_source) if spec.eval_source else None
+    tok = load_tokenizer(spec.tokenizer, vocab_size)
+    key = _cache_key(spec, source, eval_source, tok, seq, seed)
+    cache_file = cache_dir / f"tokens-{key}.safetensors" if cache_dir is not None else None
+    if cache_file is not None and cache_file.is_file():
+        loaded = _read_cache(cache_file, per_step, seed)
+        if loaded is not None:
+            return loaded
+    fields = FieldMap.parse(spec.fields)
+    fmt, train, notes = _rows(source, spec, fields, tok, seq, seed)
+    evaluation = None
+    if eval_source is not None:
+        _, evaluation, eval_notes = _rows(eval_source, spec, fields, tok, seq, seed, fmt)
+        notes += [f"eval: {n}" for n in eval_notes]
+    elif spec.eval_fraction:
+        train, evaluation = _split(train, spec.eval_fraction, seed)
+        notes.append(f"eval: {len(evaluation)} of {len(train) + len(evaluation)} rows held out "
+                     f"(--eval-fraction {spec.eval_fraction:g})")
+    result = LoadedData(PackedData(train, per_step, seed), evaluation, fmt, notes, cache_file)
+    if cache_file is not None:
+        _write_cache(cache_file, result)
+    return result
+
+
+def _rows(source: DataSource, spec: DataSpec, fields: FieldMap, tok, seq: int, seed: int,
+          fmt: str | None = None) -> tuple[str, Rows, list[str]]:
+    records = source.records()
+    first = next(records, None)
+    if first is None:
+        raise SlideDPError(f"data {str(source.path)!r} holds no records")
+    fmt = fmt or (spec.format if spec.format != "auto" else detect_format(first[1], fields))
+
+    def all_records():
+        yield first
+        yield from records
+
+    examples = Formatter(fmt, fields, tok, spec.train_on_prompt).examples(all_records())
+    if fmt == "text":
+        rows, stats = pack_stream(examples, seq)
+    else:
+        examples = list(examples)
+        order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
+        rows, stats = pack_examples((examples[i] for i in order), seq, tok.pad_token_id, spec.packing,
+                                    spec.too_long)
+    return fmt, rows, [f"{source.path.name}: format {fmt}; {stats.describe(spec.too_long)}"]
+
+
+def _split(rows: Rows, fraction: float, seed: int) -> tuple[Rows, Rows]:
+    """Hold out whole rows (a packed row's examples stay together), chosen by a seeded permutation."""
+    n_eval = max(1, math.ceil(len(rows) * fraction))
+    if n_eval >= len(rows):
+        raise SlideDPError(f"--eval-fraction {fraction:g} of {len(rows)} rows leaves nothing to train on")
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed + 7919))
+    return rows.select(order[n_eval:].sort().values), rows.select(order[:n_eval].sort().values)
+
+
+def _cache_key(spec: DataSpec, source: DataSource, eval_source: DataSource | None, tok, seq: int, seed: int) -> str:
+    ident = {"version": CACHE_VERSION, "spec": {k: v for k, v in asdict(spec).items() if k not in ("source",
+                                                                                                     "eval_source")},
+             "data": source.fingerprint(), "eval": eval_source.fingerprint() if eval_source else None,
+             "tokenizer": tok.fingerprint(), "seq": seq, "seed": seed}
+    return hashlib.blake2b(json.dumps(ident, sort_keys=True, default=str).encode(), digest_size=12).hexdigest()
+
+
+def _write_cache(path: Path, data: LoadedData) -> None:
+    from safetensors.torch import save_file
+
+    tensors = data.train.rows.tensors("train.")
+    if data.eval is not None:
+        tensors.update(data.eval.tensors("eval."))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata={"format": data.format, "notes": json.dumps(data.notes)})
+    tmp.replace(path)
+
+
+def _read_cache(path: Path, per_step: int, seed: int) -> LoadedData | None:
+    """The cached rows, or None when the file is unreadable (then it is rebuilt and overwritten)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no __iter__
+        notes = json.loads(meta["notes"])
+        train = Rows.from_tensors(tensors, "train.")
+        evaluation = Rows.from_tensors(tensors, "eval.") if "eval.input_ids" in tensors else None
+    except Exception:  # a torn or foreign file: tokenize again
+        return None
+    return LoadedData(PackedData(train, per_step, seed), evaluation, meta.get("format", "?"), notes, path, cached=True)
+

@@ -49,6 +49,7 @@ from slidedp.runtime.hf_adapter import ModelAdapter
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.loss_head import LossHead
 from slidedp.runtime.optim import OptimConfig, clip_coefficient, lr_at
+from slidedp.runtime.packing import Rows, block_causal_mask
 from slidedp.runtime.streaming import ActivationOffload, DeviceUnit, ParamStreamer
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.runtime.updates import HostUpdater
@@ -92,14 +93,23 @@ class StepStats:
     trace: pd.DataFrame
 
 
+@dataclass(frozen=True)
+class _Attention:
+    """What a layer call needs besides its input: position ids, their rotary embeddings, and the mask (None:
+    plain causal, which lets SDPA take its fastest kernel; packed rows get a block-diagonal causal mask)."""
+
+    pos: torch.Tensor
+    pe: tuple[torch.Tensor, torch.Tensor]
+    mask: torch.Tensor | None
+
+
 @dataclass
 class _Step:
     """What one step carries between its forward and backward units."""
 
     ids: list[torch.Tensor]
     labels: list[torch.Tensor]
-    pos: torch.Tensor
-    pe: tuple[torch.Tensor, torch.Tensor]
+    attn: list[_Attention]  # per micro-batch
     inv_tokens: float
     norm_sq: torch.Tensor
     loss_total: torch.Tensor
@@ -172,17 +182,21 @@ class StreamingEngine:
         self.updates.close()
 
     # ---- the step ---------------------------------------------------------------------------------------------
-    def step(self, tokens: torch.Tensor, total_tokens: int | None = None) -> StepStats:
-        """One optimizer step on ``tokens`` [sequences, seq + 1] (inputs and shifted labels)."""
+    def step(self, tokens: torch.Tensor | Rows, total_tokens: int | None = None) -> StepStats:
+        """One optimizer step on ``tokens``: [sequences, seq + 1] token windows (inputs and shifted labels), or
+        :class:`Rows` (labels with ignored positions, packed examples). ``total_tokens``: the loss's denominator,
+        the trained tokens of the whole global batch (default: this batch's)."""
         pol, dev, host = self.policy, self.device, self.host
         n_seq = pol.micro_batch * pol.accumulation
-        if tokens.shape != (n_seq, self.seq + 1):
-            raise SlideDPError(f"step expects tokens of shape ({n_seq}, {self.seq + 1}), got {tuple(tokens.shape)}")
+        rows = tokens if isinstance(tokens, Rows) else Rows.from_windows(tokens)
+        if tuple(rows.input_ids.shape) != (n_seq, self.seq):
+            raise SlideDPError(f"step expects {n_seq} sequences of {self.seq} tokens (+1 label), got "
+                               f"{tuple(rows.input_ids.shape)}")
         self.recorder.begin_step()
         lr = lr_at(self.optim, host.step)
         self.updates.submit_deferred()
         self.gpu_held.sync(host)
-        st = self._new_step(tokens.to(dev.torch_device), 1.0 / (total_tokens or n_seq * self.seq))
+        st = self._new_step(rows.to(dev.torch_device), 1.0 / max(1, total_tokens or rows.label_tokens()))
         n_units, depth = len(self.units), pol.prefetch_depth
         for u in range(n_units):
             for v in range(u, min(n_units, u + depth)):
@@ -198,18 +212,28 @@ class StreamingEngine:
         loss, norm, skipped = self._finish(st, lr)
         return StepStats(loss, norm, lr, skipped, n_seq * self.seq, self.recorder.end_step())
 
-    def _new_step(self, tokens: torch.Tensor, inv_tokens: float) -> _Step:
-        pol, device = self.policy, self.device.torch_device
-        mb, n_seq = pol.micro_batch, tokens.shape[0]
-        pos = torch.arange(self.seq, device=device).unsqueeze(0)
+    def _micro_batches(self, rows: Rows) -> tuple[list[torch.Tensor], list[torch.Tensor], list[_Attention]]:
+        """Rows cut into micro-batches: input ids, labels and what attention needs for each."""
+        mb, device = self.policy.micro_batch, self.device.torch_device
+        parts = [rows.select(slice(i, i + mb)) for i in range(0, len(rows), mb)]
+        attn = []
         with torch.no_grad():
-            pe = self.rotary(torch.empty(1, dtype=self.cdt, device=device), pos)
+            for part in parts:
+                if part.position_ids is None:  # one causal sequence per row: shared positions, no mask
+                    pos = torch.arange(rows.seq, device=device).unsqueeze(0)
+                    mask = None
+                else:
+                    pos, mask = part.position_ids, block_causal_mask(part.segments)
+                attn.append(_Attention(pos, self.rotary(torch.empty(1, dtype=self.cdt, device=device), pos), mask))
+        return [p.input_ids for p in parts], [p.labels for p in parts], attn
+
+    def _new_step(self, rows: Rows, inv_tokens: float) -> _Step:
+        device = self.device.torch_device
         zeros = lambda n: torch.zeros(n, dtype=torch.float32, device=device)  # noqa: E731
         self.grads.begin_step()
         self.gpu_held.begin_step()
-        return _Step(ids=[tokens[i:i + mb, :-1] for i in range(0, n_seq, mb)],
-                     labels=[tokens[i:i + mb, 1:] for i in range(0, n_seq, mb)], pos=pos, pe=pe,
-                     inv_tokens=inv_tokens, norm_sq=zeros(()), loss_total=zeros(()),
+        ids, labels, attn = self._micro_batches(rows)
+        return _Step(ids=ids, labels=labels, attn=attn, inv_tokens=inv_tokens, norm_sq=zeros(()), loss_total=zeros(()),
                      head_grad=zeros(self.units[-1].numel),
                      embed_grad=zeros(self.units[0].numel) if self.tied else None)
 
@@ -218,6 +242,45 @@ class StreamingEngine:
             held = self.gpu_held.unit(u)
             st.live[u] = held if held is not None else self.params.fetch(u, st.released.pop(u, None))
         return st.live[u]
+
+    # ---- eval -------------------------------------------------------------------------------------------------
+    def evaluate(self, rows: Rows) -> tuple[float, int]:
+        """Summed token loss and trained-token count of ``rows`` (this rank's share), summed over ranks: forward
+        only, unit by unit, no gradient and no update. Pending updates are applied first, so the loss is that
+        of the weights the last step produced. Every rank must call it (units may be all-gathered), with any
+        number of rows, including none."""
+        dev = self.device
+        self.flush()
+        self.gpu_held.sync(self.host)
+        self.recorder.begin_step()
+        ids, labels, attn = self._micro_batches(rows.to(dev.torch_device)) if len(rows) else ([], [], [])
+        total = torch.zeros((), dtype=torch.float32, device=dev.torch_device)
+        xs: list[torch.Tensor] = []
+        embed = None
+        with torch.no_grad():
+            for u, unit in enumerate(self.units):
+                held = self.gpu_held.unit(u)
+                du = held if held is not None else self.params.fetch(u)
+                dev.wait(dev.compute, du.ready)
+                p = du.params(False)
+                if unit.kind == "embed":
+                    xs = [F.embedding(i, p["weight"]) for i in ids]
+                elif unit.kind == "layer":
+                    xs = [self._layer(du, x, a, p) for x, a in zip(xs, attn, strict=True)]
+                else:
+                    w_out = embed.params(False)["weight"] if self.tied else p["lm_head.weight"]
+                    for h, lab in zip(xs, labels, strict=True):
+                        total += self.head.loss_sum(h, lab, p["norm.weight"], w_out)
+                if self.tied and unit.kind == "embed":
+                    embed = du  # the tied head reads it last
+                else:
+                    self.params.release(du)
+            if embed is not None:
+                self.params.release(embed)
+        self.recorder.end_step()
+        count = sum(int((lab != -100).sum()) for lab in labels)
+        out = self.comm.all_reduce_(torch.tensor([float(total), float(count)], dtype=torch.float64))
+        return float(out[0]), int(out[1])
 
     # ---- forward ----------------------------------------------------------------------------------------------
     def _forward_unit(self, st: _Step, u: int) -> None:
@@ -241,21 +304,21 @@ class StreamingEngine:
             if du.leaves is not None:  # its kept graphs will want the same tensors back
                 st.released[u] = du
 
-    def _layer(self, du: DeviceUnit, x: torch.Tensor, pos, pe, params) -> torch.Tensor:
+    def _layer(self, du: DeviceUnit, x: torch.Tensor, attn: _Attention, params) -> torch.Tensor:
         out = functional_call(self.adapter.layer_module(du.layout), params, (x,),
-                              {"attention_mask": None, "position_embeddings": pe, "position_ids": pos})
+                              {"attention_mask": attn.mask, "position_embeddings": attn.pe, "position_ids": attn.pos})
         return out[0] if isinstance(out, tuple) else out
 
     def _layer_forward(self, st: _Step, u: int, du: DeviceUnit) -> list[torch.Tensor]:
         if self.policy.activation != "keep":
             with torch.no_grad():
-                return [self._layer(du, x, st.pos, st.pe, du.params(False)) for x in st.ckpt[u]]
+                return [self._layer(du, x, a, du.params(False)) for x, a in zip(st.ckpt[u], st.attn, strict=True)]
         du.leaves = du.params(True)
         st.kept[u], outs = [], []
-        for x in st.ckpt[u]:
+        for x, a in zip(st.ckpt[u], st.attn, strict=True):
             leaf = x.detach().requires_grad_()
             with torch.enable_grad():
-                out = self._layer(du, leaf, st.pos, st.pe, du.leaves)
+                out = self._layer(du, leaf, a, du.leaves)
             st.kept[u].append((leaf, out))
             outs.append(out.detach())
         return outs
@@ -300,7 +363,7 @@ class StreamingEngine:
                     leaf, out = st.kept[u][mb]
                 else:
                     leaf = st.ckpt[u][mb].detach().requires_grad_()
-                    out = self._layer(du, leaf, st.pos, st.pe, params)
+                    out = self._layer(du, leaf, st.attn[mb], params)
                 res = torch.autograd.grad(out, [leaf, *params.values()], st.grad_out[mb])
             new_grad_out.append(res[0])
             for slot, g in zip(du.layout.params, res[1:], strict=True):

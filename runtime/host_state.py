@@ -205,19 +205,3 @@ class HostState:
         self.step = int(meta["optimizer_step"])
         self.refresh_slot()
         return meta
-
-    def export_hf(self, adapter: ModelAdapter, directory: Path, dtype: torch.dtype = torch.bfloat16) -> None:
-        """Write the weights as a Hugging Face checkpoint (config.json + model.safetensors)."""
-        from safetensors.torch import save_file
-
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors = {}
-        for unit in adapter.units:
-            for p in unit.params:
-                start = unit.offset + p.offset
-                tensors[p.hf_name] = self.master[start:start + p.numel].view(p.shape).to(dtype).clone()
-        tmp = directory / "model.safetensors.tmp"
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-        tmp.replace(directory / "model.safetensors")
-        adapter.config.save_pretrained(str(directory))

@@ -50,3 +50,15 @@ class LossHead:
             grads["out"].add_(g_out.reshape(-1).float())
             total += loss.detach()
         return total, grad_h.view_as(h)
+
+    def loss_sum(self, h: torch.Tensor, labels: torch.Tensor, wn: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
+        """Summed token loss of a micro-batch without gradients (eval), in the same token chunks."""
+        hidden = h.reshape(-1, h.shape[-1])
+        flat_labels = labels.reshape(-1)
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        with torch.no_grad():
+            for s in range(0, hidden.shape[0], self.chunk_tokens):
+                normed = functional_call(self.norm_module, {"weight": wn}, (hidden[s:s + self.chunk_tokens],))
+                logits = F.linear(normed, w_out)
+                total += F.cross_entropy(logits.float(), flat_labels[s:s + self.chunk_tokens], reduction="sum")
+        return total

@@ -6,8 +6,8 @@ invocation never leaves a half-made run directory.
 
 from __future__ import annotations
 
-import csv
 import os
+import shutil
 import signal
 import statistics
 import time
@@ -27,25 +27,34 @@ from slidedp.report.rundir import write_run_dir
 from slidedp.run_summary import RunSummary
 from slidedp.runtime import checkpoint_files
 from slidedp.runtime.comm import Comm
-from slidedp.runtime.data import PackedData, load_data
+from slidedp.runtime.data import DataSpec, LoadedData, Rows, load_data
 from slidedp.runtime.device import Device
 from slidedp.runtime.engine import EngineConfig, StepStats, StreamingEngine, shared_buffer_sizes
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig
+from slidedp.runtime.run_logs import RunLog, check_logger, perplexity
 from slidedp.runtime.shared_dir import LAUNCHER_PID_ENV, RUN_ID_ENV, SharedDir, new_run_id, state_dir
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.sim import simulate
-from slidedp.trace import EXPOSURE_CATEGORIES
+from slidedp.trace import EXPOSURE_CATEGORIES, busiest_resource
 from slidedp.workload import StepWorkload
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
+CHECKPOINT = "checkpoint"  # the latest checkpoint; older kept ones are checkpoint-step<N> beside it (--keep)
+DATA_CACHE = "data_cache"
+
+
 @dataclass(frozen=True)
 class TrainSpec:
+    """Everything a run is. ``data`` is a path (text format, the tokenizer below) or a full DataSpec.
+    ``steps`` counts the optimizer steps this invocation runs; a resumed run continues at the checkpoint's
+    global step (and, through build_train_spec, its learning-rate schedule)."""
+
     model: str
-    data: str
+    data: str | DataSpec
     policy: Policy
     steps: int
     seq: int
@@ -65,6 +74,17 @@ class TrainSpec:
     world: int = 1  # data-parallel ranks (one process each, launched by torchrun)
     ranks_per_gpu: int = 1  # ranks sharing one GPU: rank r computes on GPU r // ranks_per_gpu
     on_nonfinite: str = "skip"  # skip the step, or stop the run, when the gradient norm is NaN/inf
+    eval_every: int = 0  # evaluate every N steps (and at the end) when there is eval data; 0: at the end only
+    log: str = "none"  # tensorboard | wandb | none (metrics.csv is always written)
+    keep: int = 1  # checkpoints kept: the latest plus keep - 1 older ones
+    cache_dir: str | None = None  # tokenized data cache (default <out>/data_cache)
+    run_config: dict | None = None  # the resolved settings, saved as <out>/config.yaml
+    policy_source: str = "file"  # file | default | auto (chosen by the tuner)
+    tuner_step_time_s: float | None = None  # --policy auto: the tuner's predicted step time
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, str):
+            object.__setattr__(self, "data", DataSpec(source=self.data, tokenizer=self.tokenizer))
 
 
 def _meminfo_available() -> float:
@@ -98,6 +118,14 @@ class Trainer:
         s = self.spec
         if s.steps < 1:
             raise SlideDPError("--steps must be at least 1")
+        if s.keep < 1:
+            raise SlideDPError("--keep must be at least 1")
+        if s.eval_every < 0:
+            raise SlideDPError("--eval-every must be >= 0")
+        check_logger(s.log)
+        _check_writable_dir(s.out, "--out")
+        if s.export_hf:
+            _check_writable_dir(Path(s.export_hf), "--export-hf", empty_or_export=True)
         if s.policy.update_schedule == "as_ready" and s.on_nonfinite == "skip":
             # as_ready applies each chunk's update as its gradient lands, before the step's norm is known: a
             # non-finite step could only be skipped for the chunks that had not landed yet.
@@ -132,6 +160,7 @@ class Trainer:
             raise SlideDPError(f"--seq {s.seq} exceeds the model's max_position_embeddings "
                                f"{self.config.max_position_embeddings}")
         self.resume_meta = self._check_resume() if s.resume is not None else None
+        self.start_step = int(self.resume_meta.get("data_step", 0)) if self.resume_meta else 0
         self.memory = estimate_memory(self.workload)
         gpu_budget = (s.gpu_budget_gib if s.gpu_budget_gib is not None else s.hardware.gpu.memory_gib) * GIB
         host_budget = (s.host_limit_gib * GIB) if s.host_limit_gib is not None else _meminfo_available()
@@ -144,7 +173,16 @@ class Trainer:
         if problems:
             raise SlideDPError("preflight: " + "; ".join(problems))
         self.gpu_budget = gpu_budget
-        self.data: PackedData = load_data(s.data, s.tokenizer, self.config.vocab_size, s.seq, self.per_step, s.seed)
+        cache = Path(s.cache_dir) if s.cache_dir else s.out / DATA_CACHE
+        self.loaded: LoadedData = load_data(s.data, self.config.vocab_size, s.seq, self.per_step, s.seed, cache)
+        self.data = self.loaded.train
+        self.eval_rows: Rows | None = self.loaded.eval
+        if s.eval_every and self.eval_rows is None:
+            raise SlideDPError("--eval-every needs eval data: --eval-data or --eval-fraction")
+        for note in self.loaded.notes:
+            self.log(f"data: {note}")
+        if self.loaded.cached:
+            self.log(f"data: tokenized rows reused from {self.loaded.cache_file}")
 
     def _check_resume(self) -> dict:
         """The checkpoint to resume from, verified before anything is allocated (digest, header, sizes), with
@@ -186,32 +224,41 @@ class Trainer:
         else:
             host = HostState.allocate(adapter.total_params, self.compute_dtype, grad_dtype, pin=device.is_cuda)
             start_step = self._initialise(host, adapter, device)
+        where = (f"predicted GPU peak {self.memory.gpu_peak / GIB:.1f} GiB of a {self.gpu_budget / GIB:.1f} GiB budget"
+                 if device.is_cuda else "device cpu: no GPU, the weights stream into host memory")
         self.log(f"host state: {host.bytes_per_param():.1f} bytes/param x {adapter.total_params / 1e9:.3f} B params "
                  f"= {host.total_bytes() / GIB:.2f} GiB (one copy for {comm.world} rank(s), pinned={host.pinned}); "
-                 f"predicted GPU peak {self.memory.gpu_peak / GIB:.1f} GiB of a {self.gpu_budget / GIB:.1f} GiB budget")
+                 f"{where}")
         threads = self.workload.adam_threads if device.is_cuda else None
         config = EngineConfig(s.policy, s.optim, s.seq, self.compute_dtype, adam_threads=threads)
         engine = StreamingEngine(config, adapter, self.model_spec, host, device, TraceRecorder(device, rank=comm.rank),
                                  comm)
         s.out.mkdir(parents=True, exist_ok=True)
         if comm.rank == 0:  # a save of this run directory's checkpoint that a kill interrupted
-            for line in checkpoint_files.recover(s.out / "checkpoint"):
+            for line in checkpoint_files.recover(s.out / CHECKPOINT):
                 self.log(f"checkpoint: {line}")
-        metrics_path = s.out / "metrics.csv"
-        fresh = not (s.resume and metrics_path.exists())
+            if s.run_config is not None:
+                import yaml
+
+                (s.out / "config.yaml").write_text(yaml.safe_dump(s.run_config, sort_keys=False))
+        runlog = RunLog(s.out, s.log, append=bool(s.resume), config=s.run_config, active=comm.rank == 0,
+                        log=self.log)
         try:
-            with open(metrics_path if comm.rank == 0 else os.devnull, "w" if fresh else "a", newline="") as metrics:
-                times, last = self._loop(engine, host, device, start_step, csv.writer(metrics), metrics, fresh, comm)
+            times, last, evals = self._loop(engine, host, device, start_step, runlog, comm)
             if s.export_hf and comm.rank == 0:
-                host.export_hf(adapter, Path(s.export_hf))
+                from slidedp.runtime.export import export_hf
+
+                export_hf(host, adapter, Path(s.export_hf), s.data.tokenizer, self.config)
+                self.log(f"exported {s.export_hf}")
             exposure = exposure_from_trace(last.trace)
-            summary = self._summary(last, times, device, host, exposure)
+            summary = self._summary(last, times, device, host, exposure, evals, start_step)
             if comm.active:
                 last.trace.to_parquet(s.out / f"trace_rank{comm.rank}.parquet", index=False)
             if comm.rank == 0:
                 write_run_dir(s.out, last.trace, exposure, summary, s.policy, s.hardware)
             comm.barrier()
         finally:
+            runlog.close()
             engine.close()
             host.close()
             if comm.active:
@@ -293,12 +340,21 @@ class Trainer:
             shared.remove()
         return shared, host, int(info[0])
 
-    def _loop(self, engine: StreamingEngine, host: HostState, device: Device, start_step: int, writer, fh,
-              fresh: bool, comm: Comm) -> tuple[list[float], StepStats]:
+    def evaluate(self, engine: StreamingEngine, comm: Comm) -> tuple[float, int]:
+        """Mean token loss over the eval rows, in groups of one global batch (the step's memory), each group's
+        rows dealt to the ranks in turn; returns (loss, trained tokens)."""
+        rows = self.eval_rows
+        total, count = 0.0, 0
+        for g in range(0, len(rows), self.per_step):
+            group = rows.select(slice(g, g + self.per_step))
+            loss_sum, n = engine.evaluate(group.select(slice(comm.rank, None, comm.world)))
+            total, count = total + loss_sum, count + n
+        return total / max(1, count), count
+
+    def _loop(self, engine: StreamingEngine, host: HostState, device: Device, start_step: int, runlog: RunLog,
+              comm: Comm) -> tuple[list[float], StepStats, list[tuple[int, float]]]:
         s = self.spec
-        if fresh:
-            writer.writerow(["step", "loss", "grad_norm", "lr", "skipped", "step_time_s", "tokens_per_s",
-                             "gpu_peak_gib", "host_rss_gib"])
+        evals: list[tuple[int, float]] = []
         fault_rank, fault_step = os.environ.get("SLIDEDP_FAULT_RANK"), os.environ.get("SLIDEDP_FAULT_STEP")
         nan_step = os.environ.get("SLIDEDP_FAULT_NAN_STEP")  # fault injection: a NaN gradient at this step
         times: list[float] = []
@@ -308,16 +364,25 @@ class Trainer:
                 os.kill(os.getpid(), signal.SIGKILL)  # fault injection for the failure tests: die mid-run
             engine.poison_next_gradient = nan_step is not None and int(nan_step) == step + 1
             t0 = time.perf_counter()
-            batch = self.data.batch(step)[comm.rank * self.per_rank:(comm.rank + 1) * self.per_rank]
-            stats = engine.step(batch, total_tokens=self.per_step * s.seq)
+            batch = self.data.batch(step)
+            trained = batch.label_tokens()  # the loss is the mean over the global batch's trained tokens
+            stats = engine.step(batch.select(slice(comm.rank * self.per_rank, (comm.rank + 1) * self.per_rank)),
+                                total_tokens=trained)
             dt = time.perf_counter() - t0
             times.append(dt)
             last = stats
             peak = torch.cuda.max_memory_allocated(device.torch_device) / GIB if device.is_cuda else 0.0
-            writer.writerow([step + 1, f"{stats.loss:.6f}", f"{stats.grad_norm:.6f}", f"{stats.lr:.3e}",
-                             int(stats.skipped), f"{dt:.4f}", f"{self.per_step * s.seq / dt:.1f}", f"{peak:.2f}",
-                             f"{rss_bytes() / GIB:.2f}"])
-            fh.flush()
+            row = {"step": step + 1, "loss": f"{stats.loss:.6f}", "grad_norm": f"{stats.grad_norm:.6f}",
+                   "lr": f"{stats.lr:.3e}", "skipped": int(stats.skipped), "step_time_s": f"{dt:.4f}",
+                   "tokens_per_s": f"{self.per_step * s.seq / dt:.1f}", "gpu_peak_gib": f"{peak:.2f}",
+                   "host_rss_gib": f"{rss_bytes() / GIB:.2f}"}
+            final = step + 1 == start_step + s.steps
+            if self.eval_rows is not None and ((s.eval_every and (step + 1) % s.eval_every == 0) or final):
+                eval_loss, _ = self.evaluate(engine, comm)
+                evals.append((step + 1, eval_loss))
+                row.update(eval_loss=f"{eval_loss:.6f}", eval_ppl=f"{perplexity(eval_loss):.4f}")
+                self.log(f"step {step + 1}: eval loss {eval_loss:.4f}, perplexity {perplexity(eval_loss):.2f}")
+            runlog.step(row)
             if stats.skipped:
                 if s.on_nonfinite == "stop":
                     untouched = ("chunks updated before the norm was known (as_ready) keep their update; the last "
@@ -327,27 +392,32 @@ class Trainer:
                                           f"stop); {untouched}")
                 self.log(f"step {step + 1}: non-finite gradient norm, update skipped (host state untouched)")
             if self.on_step and comm.rank == 0:
-                self.on_step(step - start_step + 1, stats, dt)
+                self.on_step(step + 1, stats, dt)
             if s.save_every and (step + 1) % s.save_every == 0:
                 self._checkpoint(engine, host, comm, step + 1)
-        if s.final_checkpoint:
-            self._checkpoint(engine, host, comm, start_step + s.steps)
-        else:
+        end = start_step + s.steps
+        if s.final_checkpoint and not (s.save_every and end % s.save_every == 0):  # not saved a moment ago
+            self._checkpoint(engine, host, comm, end)
+        elif not s.final_checkpoint:
             engine.flush()
-        return times, last
+        return times, last, evals
 
     def _checkpoint(self, engine: StreamingEngine, host: HostState, comm: Comm, data_step: int) -> None:
         engine.flush()
         comm.barrier()  # every owner has applied its updates
         if comm.rank == 0:
             s = self.spec
-            host.save(s.out / "checkpoint", {"data_step": data_step, "policy": s.policy.to_dict(), "world": comm.world,
-                                             "seq": s.seq, "batch": self.per_step,
-                                             "model_spec": self.model_spec.to_dict()})
+            latest = s.out / CHECKPOINT
+            if s.keep > 1:
+                _keep_aside(latest, data_step)
+            host.save(latest, {"data_step": data_step, "policy": s.policy.to_dict(), "world": comm.world,
+                               "seq": s.seq, "batch": self.per_step, "model_spec": self.model_spec.to_dict(),
+                               "schedule": schedule_dict(s.optim)})
+            _prune(s.out, s.keep - 1)
         comm.barrier()
 
     def _summary(self, last: StepStats, times: list[float], device: Device, host: HostState,
-                 exposure) -> RunSummary:
+                 exposure, evals: list[tuple[int, float]], start_step: int) -> RunSummary:
         s = self.spec
         steady = times[1:] if len(times) > 1 else times
         step_time = statistics.median(steady)
@@ -362,7 +432,7 @@ class Trainer:
             steps=len(times), step_time_s=step_time, tokens_per_s=self.per_step * s.seq / step_time,
             model_tflops_per_gpu=self.workload.model_flops_per_step() / step_time / s.world / 1e12,
             limiter=limiter(float(mean["compute"]), {c: float(mean[c]) for c in EXPOSURE_CATEGORIES}),
-            bottleneck="",
+            bottleneck=_device_label(busiest_resource(last.trace), device),
             final_loss=last.loss,
             gpu_peak_gib=torch.cuda.max_memory_allocated(device.torch_device) / GIB if device.is_cuda else None,
             predicted_gpu_peak_gib=self.memory.gpu_peak / GIB,
@@ -372,4 +442,76 @@ class Trainer:
             predicted_step_time_s=predicted.step_time_s,
             predicted_limiter=predicted.limiter,
             pid=os.getpid(),
+            global_step=start_step + len(times),
+            policy_source=s.policy_source,
+            tuner_step_time_s=s.tuner_step_time_s,
+            data_format=self.loaded.format,
+            **({"eval_loss": evals[-1][1], "eval_perplexity": perplexity(evals[-1][1])} if evals else {}),
         )
+
+
+def _device_label(resource: str, device: Device) -> str:
+    """Trace resources keep the schema's names (gpu[g]) on any device; a CPU run's report says cpu."""
+    return resource if device.is_cuda or not resource.startswith("gpu[") else "compute on cpu"
+
+
+def schedule_dict(optim: OptimConfig) -> dict:
+    """The learning-rate schedule a checkpoint carries, so a resumed run continues the same one."""
+    return {"lr": optim.lr, "warmup_steps": optim.warmup_steps, "total_steps": optim.total_steps,
+            "min_lr_ratio": optim.min_lr_ratio}
+
+
+def _check_writable_dir(path: Path, flag: str, empty_or_export: bool = False) -> None:
+    """A directory the run will write: not an existing file, and its nearest existing ancestor writable.
+    An export target must be empty or an earlier export (its config.json), so nothing else is overwritten."""
+    if path.exists() and not path.is_dir():
+        raise SlideDPError(f"{flag} {str(path)!r} exists and is not a directory")
+    if empty_or_export and path.is_dir() and any(path.iterdir()) and not (path / "config.json").is_file():
+        raise SlideDPError(f"{flag} {str(path)!r} is a non-empty directory that is not an earlier export")
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise SlideDPError(f"{flag} {str(path)!r}: {str(probe)!r} is not a writable directory")
+
+
+def _kept(out: Path) -> list[tuple[int, Path]]:
+    found = []
+    for p in out.glob(CHECKPOINT + "-step*"):
+        suffix = p.name[len(CHECKPOINT + "-step"):]
+        if suffix.isdigit() and p.is_dir():
+            found.append((int(suffix), p))
+    return sorted(found)
+
+
+def _keep_aside(latest: Path, new_step: int) -> None:
+    """Before the latest checkpoint is replaced: hard-link its files into checkpoint-step<N> (no copy of the
+    bytes; the atomic replace then removes only the old names)."""
+    import json
+
+    meta = latest / checkpoint_files.META_FILE
+    if not meta.is_file():
+        return
+    try:
+        step = int(json.loads(meta.read_text())["data_step"])
+    except (ValueError, KeyError, TypeError):
+        return
+    aside = latest.with_name(f"{CHECKPOINT}-step{step}")
+    if aside.exists() or step == new_step:
+        return
+    tmp = aside.with_name(aside.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for f in latest.iterdir():
+        try:
+            os.link(f, tmp / f.name)
+        except OSError:  # a filesystem without hard links
+            shutil.copy2(f, tmp / f.name)
+    tmp.rename(aside)
+
+
+def _prune(out: Path, older: int) -> None:
+    """Keep the ``older`` most recent checkpoint-step<N> directories beside the latest checkpoint."""
+    kept = _kept(out)
+    for _, p in kept[:max(0, len(kept) - older)]:
+        shutil.rmtree(p, ignore_errors=True)

@@ -110,38 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=_command("report", "run_report"))
 
     train = sub.add_parser("train", help="full-parameter training with host-resident layer streaming")
-    train.add_argument("--model", required=True,
-                       help="preset, config.json, or HF checkpoint directory (safetensors loaded if present)")
-    train.add_argument("--data", required=True, help="a .txt/.jsonl file or directory, or 'synthetic'")
-    train.add_argument("--tokenizer", help="local HF tokenizer directory (default: byte-level)")
-    train.add_argument("--policy", help="policy YAML from slidedp tune (default: recompute, micro-batch 1)")
-    train.add_argument("--steps", type=positive_int, required=True, help="optimizer steps to run")
-    train.add_argument("--seq", type=positive_int, default=4096, help="sequence length (default 4096)")
-    train.add_argument("--batch", type=positive_int, help="global sequences per step (default: the policy's x ranks)")
-    train.add_argument("--out", required=True, help="run directory")
-    train.add_argument("--nproc", type=positive_int, default=1,
-                       help="data-parallel ranks (one process per GPU via torchrun; all share one host state)")
-    train.add_argument("--ranks-per-gpu", type=positive_int, default=1,
-                       help="ranks sharing each GPU (tests, small models; collectives then go over gloo)")
-    train.add_argument("--hardware", default="h200-x1", help="profile for preflight and prediction (default h200-x1)")
-    train.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
-    train.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"], help="compute dtype")
-    train.add_argument("--lr", type=positive_float, default=1e-5)
-    train.add_argument("--weight-decay", type=float, default=0.0)
-    train.add_argument("--max-grad-norm", type=float, default=1.0, help="global clipping norm (0 disables)")
-    train.add_argument("--warmup", type=int, default=0, help="warmup steps")
-    train.add_argument("--total-steps", type=positive_int, help="cosine schedule length (default --steps)")
-    train.add_argument("--min-lr-ratio", type=float, default=0.1)
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--resume", help="checkpoint directory to continue from")
-    train.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (always at the end)")
-    train.add_argument("--on-nonfinite", choices=["skip", "stop"], default="skip",
-                       help="a NaN/inf gradient norm skips the step (default) or stops the run (exit 3)")
-    train.add_argument("--no-checkpoint", action="store_true",
-                       help="do not write the final checkpoint (benchmarks; --save-every still applies)")
-    train.add_argument("--export-hf", help="write bf16 HF safetensors here at the end")
-    train.add_argument("--gpu-budget", type=positive_float, metavar="GIB", help="GPU memory budget in GiB")
-    train.add_argument("--host-limit", type=positive_float, metavar="GIB", help="host memory limit in GiB")
+    from slidedp.commands.train_args import add_train_args
+
+    add_train_args(train)
     train.set_defaults(func=_command("train", "run_train"))
 
     cal = sub.add_parser("calibrate", help="measure this machine (or refit from runs) into a hardware profile")

@@ -113,6 +113,12 @@ class RunSummary:
     predicted_step_time_s: float | None = _NOT_GIVEN
     predicted_limiter: str | None = _NOT_GIVEN
     pid: int | None = _NOT_GIVEN
+    global_step: int | None = _NOT_GIVEN  # optimizer steps in total, counting those before a resume
+    policy_source: str | None = _NOT_GIVEN  # file | default | auto (slidedp train --policy auto: the tuner chose)
+    tuner_step_time_s: float | None = _NOT_GIVEN  # --policy auto: the tuner's predicted step time
+    data_format: str | None = _NOT_GIVEN  # text | prompt_completion | messages | synthetic
+    eval_loss: float | None = _NOT_GIVEN  # mean token loss on the eval data at the end
+    eval_perplexity: float | None = _NOT_GIVEN
     measured: bool | None = _NOT_GIVEN  # benchmark-written run directories of measured steps
     # Keys this version does not know (from newer or hand-annotated files), kept so a rewrite loses nothing.
     extra: dict[str, Any] = field(default_factory=dict)

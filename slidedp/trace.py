@@ -107,3 +107,20 @@ def from_chrome_trace(data: dict) -> pd.DataFrame:
     rows = [tuple(column(e["args"], c) for c in TRACE_COLUMNS) for e in data.get("traceEvents", [])
             if e.get("ph") == "X"]
     return make_trace(rows)
+
+
+def busiest_resource(trace: pd.DataFrame) -> str:
+    """The resource busy for the longest time in a trace (overlapping operations on it counted once): what a
+    measured run reports as its busiest resource, the counterpart of the simulator's bottleneck."""
+    if trace.empty:
+        return ""
+    busy: dict[str, float] = {}
+    for resource, ops in trace.groupby("resource"):
+        total, end = 0.0, float("-inf")
+        for start, stop in sorted(zip(ops.start_s, ops.end_s, strict=True)):
+            if stop > end:
+                total += stop - max(start, end)
+                end = stop
+        busy[str(resource)] = total
+    return max(busy, key=busy.get)
+

@@ -13,41 +13,10 @@ import tempfile
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from slidedp.commands.train_args import build_train_spec
 from slidedp.errors import SlideDPError, TrainingStopped
-from slidedp.policy import Policy, default_policy
-from slidedp.problem import resolve_hardware
-
-
-def build_train_spec(args: argparse.Namespace):
-    from slidedp.runtime.optim import OptimConfig
-    from slidedp.runtime.trainer import TrainSpec
-
-    hw = resolve_hardware(args.hardware, None)
-    ranks = args.nproc
-    if args.policy:
-        policy = Policy.load(args.policy)
-        if args.batch is not None and args.batch != policy.sequences_per_rank() * ranks:
-            raise SlideDPError(f"--batch {args.batch} disagrees with the policy's micro_batch x accumulation x ranks "
-                               f"= {policy.sequences_per_rank() * ranks}")
-    else:
-        policy = default_policy(args.batch or ranks, ranks)
-    if hw.num_gpus != ranks:
-        hw = hw.with_gpus(ranks)
-    optim = OptimConfig(lr=args.lr, weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm or None,
-                        warmup_steps=args.warmup, total_steps=args.total_steps or args.steps,
-                        min_lr_ratio=args.min_lr_ratio)
-    world = int(os.environ.get("WORLD_SIZE", args.nproc))
-    if world != args.nproc:
-        raise SlideDPError(f"launched with WORLD_SIZE={world} but --nproc {args.nproc}")
-    return TrainSpec(model=args.model, data=args.data, policy=policy, steps=args.steps, seq=args.seq,
-                     out=Path(args.out), hardware=hw, optim=optim, tokenizer=args.tokenizer, device=args.device,
-                     dtype=args.dtype, seed=args.seed, resume=args.resume, save_every=args.save_every,
-                     export_hf=args.export_hf, gpu_budget_gib=args.gpu_budget, host_limit_gib=args.host_limit,
-                     final_checkpoint=not args.no_checkpoint, world=world, on_nonfinite=args.on_nonfinite,
-                     ranks_per_gpu=args.ranks_per_gpu)
-
 
 RANK_ARGV_ENV = "SLIDEDP_RANK_ARGV"
 # A private file in the run directory where a rank that stops on purpose (TrainingStopped) writes its exit code
@@ -181,7 +150,7 @@ def run_train(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     if "WORLD_SIZE" not in os.environ:
         check_rank_placement(args.nproc, args.ranks_per_gpu, args.device)
-    spec = build_train_spec(args)
+    spec = build_train_spec(args, log=console.print)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         Trainer(spec, log=console.print)  # validate every input here, before any rank starts
         return launch_ranks(args, spec)
@@ -189,16 +158,13 @@ def run_train(args: argparse.Namespace) -> int:
         from slidedp.runtime.lifetime import die_with_parent
 
         die_with_parent()
+    trainer = Trainer(spec, log=console.print)  # every input checked; nothing written yet
+    start, target = trainer.start_step, trainer.start_step + spec.steps
     progress = Progress(TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
-                        TimeElapsedColumn(), console=console, disable=not console.is_terminal)
-
-    def on_step(done: int, stats, seconds: float) -> None:
-        info = f"loss {stats.loss:.4f}  {stats.tokens * spec.world / seconds:,.0f} tok/s  {seconds:.2f} s/step"
-        progress.update(task, completed=done, info=info)
-        if not console.is_terminal:
-            console.print(f"step {done}/{spec.steps} {info}")
-
-    trainer = Trainer(spec, on_step=on_step, log=console.print)  # every input checked; nothing written yet
+                        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                        disable=not console.is_terminal)
+    task = progress.add_task("train", total=target, completed=start, info="")
+    trainer.on_step = step_reporter(progress, task, console, spec.world, target)
     lock = None
     if "WORLD_SIZE" not in os.environ:  # one process: it holds the run directory (a launcher holds it for ranks)
         from slidedp.runtime.lifetime import RunLock
@@ -206,7 +172,6 @@ def run_train(args: argparse.Namespace) -> int:
         lock = RunLock(spec.out)
     try:
         with progress:
-            task = progress.add_task("train", total=spec.steps, info="")
             summary = trainer.run()
     except TrainingStopped as exc:
         if "WORLD_SIZE" in os.environ and _record_stop(exc):
@@ -217,7 +182,42 @@ def run_train(args: argparse.Namespace) -> int:
             lock.release()
     if spec.world > 1 and int(os.environ.get("RANK", "0")) != 0:
         return 0
-    console.print(f"done: {summary.steps} steps, median {summary.step_time_s:.3f} s/step, "
-                  f"{summary.tokens_per_s:,.0f} tokens/s, final loss {summary.final_loss:.4f}; "
-                  f"run directory {spec.out}")
+    console.print(run_outcome(summary, spec))
     return 0
+
+
+def step_reporter(progress: Progress, task, console: Console, world: int, target: int):
+    """The per-step callback: global step, loss, tokens/s, the step's exposed (GPU-idle) share and, through
+    the bar's columns, elapsed time and ETA; one plain line per step when stderr is not a terminal."""
+    from slidedp.exposure import exposure_from_trace
+    from slidedp.trace import EXPOSURE_CATEGORIES
+
+    def on_step(global_step: int, stats, seconds: float) -> None:
+        exposure = exposure_from_trace(stats.trace)
+        exposed = float(exposure[list(EXPOSURE_CATEGORIES)].sum(axis=1).mean()) if len(exposure) else 0.0
+        info = (f"loss {stats.loss:.4f}  {stats.tokens * world / seconds:,.0f} tok/s  {seconds:.2f} s/step  "
+                f"exposed {min(1.0, exposed / seconds):.0%}")
+        progress.update(task, completed=global_step, info=info)
+        if not console.is_terminal:
+            console.print(f"step {global_step}/{target} {info}")
+
+    return on_step
+
+
+def run_outcome(summary, spec) -> str:
+    """The closing lines: throughput, loss, eval, and the simulator's prediction beside the measurement."""
+    lines = [f"done: {summary.steps} steps (global step {summary.global_step}), median {summary.step_time_s:.3f} "
+             f"s/step, {summary.tokens_per_s:,.0f} tokens/s on {summary.device}, final loss {summary.final_loss:.4f}"]
+    if summary.eval_loss is not None:
+        lines.append(f"eval: loss {summary.eval_loss:.4f}, perplexity {summary.eval_perplexity:.2f}")
+    if summary.predicted_step_time_s:
+        error = summary.predicted_step_time_s / summary.step_time_s - 1
+        tuned = f" (the tuner said {summary.tuner_step_time_s:.3f} s)" if summary.tuner_step_time_s else ""
+        if str(summary.device).startswith("cuda"):
+            lines.append(f"predicted {summary.predicted_step_time_s:.3f} s/step for {spec.hardware.name}{tuned}, "
+                         f"measured {summary.step_time_s:.3f} s/step ({error:+.0%})")
+        else:
+            lines.append(f"predicted {summary.predicted_step_time_s:.3f} s/step for {spec.hardware.name}{tuned}; "
+                         f"this run was on the CPU, so its {summary.step_time_s:.3f} s/step is not comparable")
+    lines.append(f"run directory {spec.out}")
+    return "\n".join(lines)

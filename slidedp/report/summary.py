@@ -32,7 +32,13 @@ def _describe(run: RunDir) -> list[str]:
     s = run.summary
     lines = []
     if not s.empty:
-        lines.append(f"**{_or(s, 'model', '?')}** on **{_or(s, 'hardware', '?')}** ({_or(s, 'gpus', '?')} GPU), "
+        device = str(_or(s, "device", "") or "")
+        if s.source == "measured" and device and not device.startswith("cuda"):  # no GPU was involved
+            where = (f"**{device}** ({_or(s, 'ranks', 1)} rank(s); profile {_or(s, 'hardware', '?')} only for "
+                     f"predictions)")
+        else:
+            where = f"**{_or(s, 'hardware', '?')}** ({_or(s, 'gpus', '?')} GPU)"
+        lines.append(f"**{_or(s, 'model', '?')}** on {where}, "
                      f"seq {_or(s, 'seq', '?')}, batch {_or(s, 'batch', '?')} "
                      f"({_or(s, 'tokens_per_step', 0):,} tokens/step), source: {_or(s, 'source', 'unknown')}")
         if "step_time_s" in s.given:
@@ -55,8 +61,9 @@ def build_report(run: RunDir, out: Path, sweep: pd.DataFrame | None = None,
     name = _or(run.summary, "model", run.path.stem)
     rep.data["timeline"] = plots.gantt(run.trace, out / "timeline", f"One step of {name}: operations per resource")
     rep.figures["timeline"] = out / "timeline.png"
-    rep.data["exposure"] = plots.exposure_bars(run.exposure, out / "exposure",
-                                               "Where each GPU's step time goes")
+    on_cpu = run.summary.source == "measured" and not str(_or(run.summary, "device", "cuda")).startswith("cuda")
+    rep.data["exposure"] = plots.exposure_bars(run.exposure, out / "exposure", "Where each rank's step time goes "
+                                               "(CPU run)" if on_cpu else "Where each GPU's step time goes")
     rep.figures["exposure"] = out / "exposure.png"
     if sweep is not None:
         rep.data["sweep"] = plots.sweep_plot(sweep, out / "sweep", f"Throughput sweep: {name}")

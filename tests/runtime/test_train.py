@@ -10,7 +10,9 @@ from safetensors.torch import load_file
 
 from slidedp.cli import main
 from slidedp.errors import SlideDPError
-from slidedp.runtime.data import ByteTokenizer, load_data, pack
+from slidedp.runtime.data import ByteTokenizer, DataSpec, load_data
+from slidedp.runtime.formats import Example
+from slidedp.runtime.packing import pack_stream
 from tests.builders import TINY
 
 
@@ -76,7 +78,7 @@ def test_resume_is_bit_identical(tmp_path, model_json, text_file):
     ("short_data", "shorter than one sequence"),
     ("over_budget", "preflight: GPU peak"),
     ("bad_policy_batch", "disagrees with the policy"),
-    ("bad_jsonl", "not JSON"),
+    ("bad_jsonl", "cannot parse as json"),
     ("missing_data", "does not exist"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, model_json, text_file, capsys, case, message):
@@ -116,14 +118,15 @@ def test_data_packing_and_tokenizers(tmp_path, text_file):
     assert ByteTokenizer(300).encode("hé") == [104, 195, 169]
     with pytest.raises(SlideDPError, match="at least 257"):
         ByteTokenizer(100)
-    seqs = pack(list(range(100)), 10)
-    assert seqs.shape == (9, 11) and torch.equal(seqs[1, :2], torch.tensor([10, 11]))
-    data = load_data(str(text_file), None, 300, 32, 2, seed=3)
+    rows, _ = pack_stream([Example(list(range(100)), [True] * 100)], 10)
+    assert rows.input_ids.shape == (9, 10) and torch.equal(rows.input_ids[1, :2], torch.tensor([10, 11]))
+    assert torch.equal(rows.labels[0], torch.arange(1, 11))  # the windows overlap by the shifted label
+    data = load_data(DataSpec(str(text_file)), 300, 32, 2, seed=3).train
     b0, b0_again = data.batch(0), data.batch(0)
-    assert b0.shape == (2, 33) and torch.equal(b0, b0_again)
-    assert not torch.equal(data.batch(0), data.batch(1))
-    synthetic = load_data("synthetic", None, 300, 32, 2, seed=0)
-    assert synthetic.batch(5).max() < 300
+    assert b0.input_ids.shape == (2, 32) and torch.equal(b0.input_ids, b0_again.input_ids)
+    assert not torch.equal(data.batch(0).input_ids, data.batch(1).input_ids)
+    synthetic = load_data(DataSpec("synthetic"), 300, 32, 2, seed=0).train
+    assert synthetic.batch(5).input_ids.max() < 300
 
 
 def test_local_hf_tokenizer_directory(tmp_path):
@@ -136,8 +139,8 @@ def test_local_hf_tokenizer_directory(tmp_path):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="</s>")
     fast.save_pretrained(str(tmp_path / "tok"))
     (tmp_path / "d.txt").write_text("hello world " * 20)
-    data = load_data(str(tmp_path / "d.txt"), str(tmp_path / "tok"), 300, 16, 1, seed=0)
-    assert int(data.sequences.max()) < len(vocab)
+    data = load_data(DataSpec(str(tmp_path / "d.txt"), str(tmp_path / "tok")), 300, 16, 1, seed=0).train
+    assert int(data.rows.input_ids.max()) < len(vocab)
 
 
 def test_checkpoint_write_is_atomic(tmp_path):

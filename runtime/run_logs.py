@@ -1,0 +1,95 @@
+"""Where a run's numbers go: metrics.csv always, plus TensorBoard event files (default) or Weights & Biases.
+
+One ``RunLog`` per run (rank 0 writes, the others hold a null log). metrics.csv has one row per step and
+the eval columns filled on the steps that evaluated; TensorBoard gets the same numbers as scalars under
+``train/``, ``eval/`` and ``perf/`` (x axis: the global optimizer step), in ``<out>/tensorboard``.
+W&B is used only when asked for and installed; without a key or network it runs offline (its files in
+``<out>/wandb``, synced later with ``wandb sync``).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+import os
+from pathlib import Path
+
+from slidedp.errors import SlideDPError
+
+LOGGERS = ("tensorboard", "wandb", "none")
+COLUMNS = ("step", "loss", "grad_norm", "lr", "skipped", "step_time_s", "tokens_per_s", "gpu_peak_gib",
+           "host_rss_gib", "eval_loss", "eval_ppl")
+TB_DIR = "tensorboard"
+
+
+def check_logger(kind: str) -> None:
+    """Refuse an unknown or uninstalled logger before anything is allocated."""
+    if kind not in LOGGERS:
+        raise SlideDPError(f"--log must be one of {', '.join(LOGGERS)}, got {kind!r}")
+    if kind == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+        raise SlideDPError("--log tensorboard needs the tensorboard package (pip install tensorboard), "
+                           "or use --log none")
+    if kind == "wandb" and importlib.util.find_spec("wandb") is None:
+        raise SlideDPError("--log wandb was asked for but wandb is not installed (pip install wandb), "
+                           "or use --log tensorboard")
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(loss) if loss < 700 else float("inf")
+
+
+class RunLog:
+    def __init__(self, out: Path, kind: str, append: bool, config: dict | None = None, active: bool = True,
+                 log=print):
+        self.active = active
+        self._csv = self._tb = self._wandb = None
+        if not active:
+            return
+        path = out / "metrics.csv"
+        fresh = not (append and path.exists())
+        self._fh = open(path, "w" if fresh else "a", newline="")  # noqa: SIM115 - closed in close()
+        self._csv = csv.writer(self._fh)
+        if fresh:
+            self._csv.writerow(COLUMNS)
+        if kind == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(out / TB_DIR))
+        elif kind == "wandb":
+            import wandb
+
+            mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+            self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "slidedp"), dir=str(out), mode=mode,
+                                     config=config or {}, name=out.name, resume="allow")
+            log(f"wandb: {mode} run in {out / 'wandb'}")
+
+    def step(self, row: dict) -> None:
+        if not self.active:
+            return
+        self._csv.writerow([row.get(c, "") for c in COLUMNS])
+        self._fh.flush()
+        step = int(row["step"])
+        scalars = {"train/loss": row["loss"], "train/grad_norm": row["grad_norm"], "train/lr": row["lr"],
+                   "perf/tokens_per_s": row["tokens_per_s"], "perf/step_time_s": row["step_time_s"]}
+        if row.get("eval_loss", "") != "":
+            scalars.update({"eval/loss": row["eval_loss"], "eval/perplexity": row["eval_ppl"]})
+        self._scalars(scalars, step)
+
+    def _scalars(self, values: dict, step: int) -> None:
+        values = {k: float(v) for k, v in values.items()}
+        if self._tb is not None:
+            for k, v in values.items():
+                self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(values, step=step)
+
+    def close(self) -> None:
+        if not self.active:
+            return
+        self._fh.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()

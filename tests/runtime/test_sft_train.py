@@ -1,0 +1,206 @@
+"""slidedp train for SFT (#17): eval, logs, the run config, --policy auto, the HF export, resume of the schedule,
+--keep, and the run directory checks that come before any state."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from slidedp.cli import build_parser, main
+from tests.builders import REPO, TINY
+from tests.runtime.sft_helpers import chats, make_tokenizer, write_jsonl
+
+
+@pytest.fixture
+def files(tmp_path):
+    make_tokenizer(tmp_path / "tok")
+    write_jsonl(tmp_path / "chat.jsonl", chats(24))
+    (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
+    return tmp_path
+
+
+def train(tmp, out, *extra):
+    return main(["train", "--model", str(tmp / "tiny.json"), "--data", str(tmp / "chat.jsonl"), "--tokenizer",
+                 str(tmp / "tok"), "--seq", "96", "--batch", "2", "--out", str(out), "--lr", "1e-2", *extra])
+
+
+def test_chat_sft_with_eval_logs_keep_and_export(files):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, hf = files / "run", files / "hf"
+    assert train(files, out, "--steps", "4", "--eval-fraction", "0.25", "--eval-every", "2", "--save-every", "1",
+                 "--keep", "2", "--export-hf", str(hf)) == 0
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert list(metrics.step) == [1, 2, 3, 4]
+    assert metrics.eval_loss.notna().tolist() == [False, True, False, True]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["eval_loss"] == pytest.approx(metrics.eval_loss.iloc[-1], rel=1e-5)
+    assert summary["eval_perplexity"] == pytest.approx(float(torch.tensor(summary["eval_loss"]).exp()), rel=1e-5)
+    assert summary["data_format"] == "messages" and summary["global_step"] == 4
+    assert summary["bottleneck"] == "compute on cpu" and summary["device"] == "cpu"
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
+    assert [e.step for e in events.Scalars("eval/loss")] == [2, 4]
+    assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint", "checkpoint-step3"]
+    assert json.loads((out / "checkpoint-step3" / "meta.json").read_text())["data_step"] == 3
+    # The export loads as it is in the ecosystem, states bf16, and generates.
+    config = json.loads((hf / "config.json").read_text())
+    assert config.get("dtype", config.get("torch_dtype")) == "bfloat16"
+    assert (hf / "generation_config.json").is_file() and (hf / "tokenizer.json").is_file()
+    model = AutoModelForCausalLM.from_pretrained(str(hf))
+    tok = AutoTokenizer.from_pretrained(str(hf))
+    assert model.dtype == torch.bfloat16
+    prompt = tok.apply_chat_template([{"role": "user", "content": "what is 1 plus 1?"}], add_generation_prompt=True,
+                                     return_tensors="pt", return_dict=True)
+    generated = model.generate(**prompt, max_new_tokens=4, do_sample=False)
+    assert generated.shape[1] == prompt["input_ids"].shape[1] + 4
+    master = load_file(str(out / "checkpoint" / "state.safetensors"))["master"]
+    exported = torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+    torch.testing.assert_close(exported, master.bfloat16().float())
+
+
+def test_sharded_export_has_an_index_and_loads(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from slidedp.runtime.export import export_hf
+    from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
+    from slidedp.runtime.host_state import HostState
+
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY["qwen3"]))
+    config = load_hf_config(str(tmp_path / "tiny.json"))
+    adapter = ModelAdapter(config)
+    host = HostState.allocate(adapter.total_params, torch.float32, torch.float32, pin=False)
+    host.init_random(adapter, 0)
+    export_hf(host, adapter, tmp_path / "hf", None, config, shard_bytes=16_000)
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and all((tmp_path / "hf" / s).is_file() for s in shards)
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"))
+    exported = torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+    torch.testing.assert_close(exported, host.master.bfloat16().float())
+
+
+def test_resume_continues_the_checkpoints_schedule(files):
+    straight, split = files / "straight", files / "split"
+    assert train(files, straight, "--steps", "4", "--warmup", "1", "--log", "none") == 0
+    assert train(files, split, "--steps", "2", "--total-steps", "4", "--warmup", "1", "--log", "none") == 0
+    # No schedule flags on the resume: lr, warmup and total steps come from the checkpoint.
+    assert main(["train", "--model", str(files / "tiny.json"), "--data", str(files / "chat.jsonl"), "--tokenizer",
+                 str(files / "tok"), "--seq", "96", "--batch", "2", "--out", str(split), "--steps", "2",
+                 "--resume", str(split / "checkpoint"), "--log", "none"]) == 0
+    a = load_file(str(straight / "checkpoint" / "state.safetensors"))
+    b = load_file(str(split / "checkpoint" / "state.safetensors"))
+    assert torch.equal(a["master"], b["master"])
+    assert pd.read_csv(straight / "metrics.csv").lr.tolist() == pd.read_csv(split / "metrics.csv").lr.tolist()
+    assert json.loads((split / "summary.json").read_text())["global_step"] == 4
+
+
+def test_run_config_file_flags_override_and_resolved_copy(files, capsys):
+    cfg = files / "run.yaml"
+    cfg.write_text(f"model: {files / 'tiny.json'}\ndata: {files / 'chat.jsonl'}\ntokenizer: {files / 'tok'}\n"
+                   f"seq: 96\nbatch: 2\nsteps: 5\nout: {files / 'cfgrun'}\nlog: none\nlr: 0.001\n"
+                   f"fields:\n  messages: messages\npacking: false\n")
+    assert main(["train", "--config", str(cfg), "--steps", "1"]) == 0
+    resolved = (files / "cfgrun" / "config.yaml").read_text()
+    import yaml
+
+    saved = yaml.safe_load(resolved)
+    assert saved["steps"] == 1 and saved["lr"] == 0.001 and saved["packing"] is False and saved["total_steps"] == 1
+    assert len(pd.read_csv(files / "cfgrun" / "metrics.csv")) == 1
+    # The resolved copy is itself a run config.
+    assert main(["train", "--config", str(files / "cfgrun" / "config.yaml"), "--out", str(files / "again")]) == 0
+    cfg.write_text("steps: many\n")
+    assert main(["train", "--config", str(cfg)]) == 2
+    assert "--steps: expected a positive integer" in capsys.readouterr().err
+    cfg.write_text("stepz: 3\n")
+    assert main(["train", "--config", str(cfg)]) == 2
+    assert "unknown setting 'stepz'" in capsys.readouterr().err
+    assert main(["train", "--steps", "1"]) == 2
+    assert "missing --model, --data, --out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["pretrain_text.yaml", "chat_sft.yaml"])
+def test_shipped_example_configs_parse(name):
+    from slidedp.commands.train_args import resolve_settings
+
+    args = build_parser().parse_args(["train", "--config", str(REPO / "examples" / name)])
+    args.argv = ["train", "--config", str(REPO / "examples" / name)]
+    resolved = resolve_settings(args)
+    assert isinstance(resolved, argparse.Namespace) and resolved.model and resolved.steps > 0
+
+
+def test_policy_auto_tunes_prints_and_reports(files, capsys):
+    out = files / "auto"
+    assert train(files, out, "--steps", "2", "--policy", "auto", "--log", "none") == 0
+    err = capsys.readouterr().err
+    assert "policy auto: tuned for h200-x1" in err and "predicted" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policy_source"] == "auto" and summary["tuner_step_time_s"] > 0
+    assert summary["policy"]["micro_batch"] * summary["policy"]["accumulation"] == 2
+
+
+@pytest.mark.parametrize("case, message", [
+    ("out_is_file", "--out"),
+    ("export_is_file", "--export-hf"),
+    ("export_not_empty", "not an earlier export"),
+    ("wandb_missing", "wandb is not installed"),
+])
+def test_run_directory_checks_come_first(files, capsys, case, message):
+    out, extra = files / "run", []
+    if case == "out_is_file":
+        out.write_text("x")
+    elif case == "export_is_file":
+        (files / "hf").write_text("x")
+        extra = ["--export-hf", str(files / "hf")]
+    elif case == "export_not_empty":
+        (files / "hf").mkdir()
+        (files / "hf" / "notes.txt").write_text("mine")
+        extra = ["--export-hf", str(files / "hf")]
+    else:
+        pytest.importorskip("tokenizers")
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is not None:
+            pytest.skip("wandb is installed here")
+        extra = ["--log", "wandb"]
+    assert train(files, out, "--steps", "1", *extra) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.strip().count("\n") == 0
+    assert out.is_file() if case == "out_is_file" else not out.exists()
+
+
+def test_two_ranks_train_and_evaluate_packed_chat_like_one(files):
+    """Packed chat rows, eval split over the ranks: the same losses and eval loss as one process."""
+    import os
+    import subprocess
+    import sys
+
+    common = ["--model", str(files / "tiny.json"), "--data", str(files / "chat.jsonl"), "--tokenizer",
+              str(files / "tok"), "--seq", "96", "--batch", "4", "--steps", "2", "--lr", "1e-2", "--eval-fraction",
+              "0.3", "--log", "none", "--device", "cpu", "--no-checkpoint"]
+    assert main(["train", *common, "--out", str(files / "one")]) == 0
+    proc = subprocess.run([sys.executable, "-m", "slidedp.cli", "train", *common, "--nproc", "2", "--out",
+                           str(files / "two")], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    one = json.loads((files / "one" / "summary.json").read_text())
+    two = json.loads((files / "two" / "summary.json").read_text())
+    assert two["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-5)
+    loss_one = pd.read_csv(files / "one" / "metrics.csv").loss.tolist()
+    loss_two = pd.read_csv(files / "two" / "metrics.csv").loss.tolist()
+    assert loss_two == pytest.approx(loss_one, rel=1e-5)
+
+
+def test_busiest_resource_counts_overlaps_once():
+    from slidedp.trace import busiest_resource, make_trace
+
+    rows = [(0, "cpu", "adam", 1, 0, -1, 0.0, 1.0, 0, 0, 0), (0, "cpu", "adam", 1, 1, -1, 0.5, 1.5, 0, 0, 0),
+            (0, "gpu[0]", "fwd", 1, -1, 0, 0.0, 1.2, 0, 0, 0)]
+    assert busiest_resource(make_trace(rows)) == "cpu"  # 1.5 s of union beats 1.2 s
+    assert busiest_resource(make_trace(rows[1:])) == "gpu[0]"
