@@ -14,32 +14,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from slidedp.arg_types import positive_float, positive_int
 from slidedp.errors import SlideDPError
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, no usage dump
         raise SlideDPError(message)
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def add_problem_args(p: argparse.ArgumentParser, batch_default: int | None = 32) -> None:

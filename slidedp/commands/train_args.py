@@ -12,33 +12,13 @@ import json
 import os
 from pathlib import Path
 
-from slidedp.cli import positive_float, positive_int
+from slidedp.arg_types import fraction, non_negative_int, positive_float, positive_int
 from slidedp.config_io import quote, read_mapping
 from slidedp.errors import SlideDPError
 
 REQUIRED = ("model", "data", "steps", "out")
 NOT_SETTINGS = ("config", "argv", "func", "command")
 AUTO_BATCH_PER_RANK = 8  # --policy auto without --batch: sequences per rank the tuner plans for
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
-    return value
 
 
 def add_train_args(train: argparse.ArgumentParser) -> None:

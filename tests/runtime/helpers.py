@@ -42,10 +42,8 @@ def make_engine(config_path: str, policy: Policy, seq: int, optim: OptimConfig =
     return engine, adapter, host
 
 
-def reference_training(adapter: ModelAdapter, initial: torch.Tensor, data: list[torch.Tensor], micro_batch: int,
-                       optim: OptimConfig = OPTIM) -> tuple[list[float], torch.Tensor]:
-    """Plain PyTorch: the HF model in fp32, mean token loss over the whole batch, global-norm clipping,
-    torch.optim.AdamW, the same warmup + cosine schedule."""
+def hf_model_with(adapter: ModelAdapter, flat: torch.Tensor):
+    """The transformers model of ``adapter``'s config in fp32, its weights taken from the flat host layout."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_config(adapter.config).float()
@@ -54,7 +52,16 @@ def reference_training(adapter: ModelAdapter, initial: torch.Tensor, data: list[
         for unit in adapter.units:
             for p in unit.params:
                 start = unit.offset + p.offset
-                named[p.hf_name].copy_(initial[start:start + p.numel].view(p.shape))
+                named[p.hf_name].copy_(flat[start:start + p.numel].view(p.shape))
+    return model
+
+
+def reference_training(adapter: ModelAdapter, initial: torch.Tensor, data: list[torch.Tensor], micro_batch: int,
+                       optim: OptimConfig = OPTIM) -> tuple[list[float], torch.Tensor]:
+    """Plain PyTorch: the HF model in fp32, mean token loss over the whole batch, global-norm clipping,
+    torch.optim.AdamW, the same warmup + cosine schedule."""
+    model = hf_model_with(adapter, initial)
+    named = dict(model.named_parameters())
     params = [p for p in model.parameters()]
     opt = torch.optim.AdamW(params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
                             weight_decay=optim.weight_decay)

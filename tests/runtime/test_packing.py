@@ -9,7 +9,7 @@ from slidedp.policy import Policy
 from slidedp.runtime.formats import Example
 from slidedp.runtime.packing import IGNORE, Rows, block_causal_mask, pack_examples
 from tests.builders import write_config
-from tests.runtime.helpers import make_engine
+from tests.runtime.helpers import hf_model_with, make_engine
 
 SEQ = 32
 
@@ -59,20 +59,12 @@ def test_packed_and_unpacked_give_the_same_loss_and_gradients(tmp_path):
 def test_unpacked_rows_match_the_hf_model_per_example(tmp_path):
     """Each example alone through transformers: the mean over trained tokens equals the engine's loss."""
     import torch.nn.functional as F
-    from transformers import AutoModelForCausalLM
-
     packed, _ = pack_examples(examples(), SEQ, pad_id=0)
     engine, adapter, host = make_engine(write_config(tmp_path, "qwen3"), Policy(), SEQ)
     initial = host.master.clone()
     loss = engine.step(packed).loss
     engine.close()
-    model = AutoModelForCausalLM.from_config(adapter.config).float()
-    named = dict(model.named_parameters())
-    with torch.no_grad():
-        for unit in adapter.units:
-            for p in unit.params:
-                start = unit.offset + p.offset
-                named[p.hf_name].copy_(initial[start:start + p.numel].view(p.shape))
+    model = hf_model_with(adapter, initial)
     total, count = 0.0, 0
     for ex in examples():
         ids = torch.tensor([ex.ids])
