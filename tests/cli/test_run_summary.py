@@ -15,7 +15,9 @@ from slidedp.run_summary import MemorySummary, RunSummary, SimulatedStep
 from tests.builders import REPO
 
 RESULTS = REPO / "benchmarks" / "results"
-SESSIONS = sorted(p for p in RESULTS.iterdir() if p.is_dir())
+# Sessions that stored run directories (loose, or in their raw.tar.xz); some hold only benchmark tables.
+SESSIONS = sorted(p for p in RESULTS.iterdir() if p.is_dir() and ((p / "raw.tar.xz").exists()
+                                                                  or any(p.rglob("summary.json"))))
 
 
 def _run_dirs(root: Path) -> list[Path]:
