@@ -189,14 +189,3 @@ def allocate(flows: list[_Flow], capacity: list[float], interference: Callable[[
                 still.append(f)
         active = still
 
-
-def steady_rates(hw: HardwareProfile, flows: list[tuple[dict[str, float], float]]) -> list[float]:
-    """The rates ``flows`` (usage, cap) settle at when they run together on ``hw``'s host network, by the same rule
-    as the simulator: what the analytical model uses for phases in which they overlap."""
-    caps = resource_capacities(hw)
-    names = list(caps)
-    index = {n: i for i, n in enumerate(names)}
-    objs = [_Flow(1.0, [(index[r], k) for r, k in usage.items()], cap, None, flow_class(usage))  # type: ignore[arg-type]
-            for usage, cap in flows]
-    allocate(objs, [caps[n] for n in names], hw.host.interference, hw.host.cpu_dram_weight)
-    return [f.rate for f in objs]
