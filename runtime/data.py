@@ -77,8 +77,15 @@ def _documents(path: Path):
                     raise SlideDPError(f"data {f.name} line {n}: not JSON ({exc.msg})") from None
                 except RecursionError:
                     raise SlideDPError(f"data {f.name} line {n}: JSON nested too deeply") from None
+                except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+                    raise SlideDPError(f"data {f.name} line {n}: {str(exc)[:80]}") from None
                 if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                     raise SlideDPError(f"data {f.name} line {n}: expected an object with a 'text' string")
+                try:  # JSON escapes can spell lone surrogates, which no tokenizer can encode
+                    record["text"].encode("utf-8")
+                except UnicodeEncodeError:
+                    raise SlideDPError(f"data {f.name} line {n}: the text holds a lone surrogate (invalid "
+                                       f"Unicode)") from None
                 yield record["text"]
         else:
             yield text

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -22,23 +23,36 @@ class _Parser(argparse.ArgumentParser):
         raise SlideDPError(message)
 
 
-def positive_int(text: str) -> int:
+def _int(text: str, least: int, what: str) -> int:
+    """An integer of at most MAX_INT (counts, steps, seeds): a 30-digit --seed or --warmup is a mistake."""
+    from slidedp.config_io import MAX_INT, quote
+
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {quote(text)}") from None
+    if not least <= value <= MAX_INT:
+        raise argparse.ArgumentTypeError(f"expected {what} (at most {MAX_INT:.0e}), got {quote(text)}")
     return value
 
 
+def positive_int(text: str) -> int:
+    return _int(text, 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    return _int(text, 0, "an integer >= 0")
+
+
 def positive_float(text: str) -> float:
+    from slidedp.config_io import quote
+
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {quote(text)}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {quote(text)}")
     return value
 
 
@@ -127,12 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--lr", type=positive_float, default=1e-5)
     train.add_argument("--weight-decay", type=float, default=0.0)
     train.add_argument("--max-grad-norm", type=float, default=1.0, help="global clipping norm (0 disables)")
-    train.add_argument("--warmup", type=int, default=0, help="warmup steps")
+    train.add_argument("--warmup", type=non_negative_int, default=0, help="warmup steps")
     train.add_argument("--total-steps", type=positive_int, help="cosine schedule length (default --steps)")
     train.add_argument("--min-lr-ratio", type=float, default=0.1)
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=non_negative_int, default=0)
     train.add_argument("--resume", help="checkpoint directory to continue from")
-    train.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (always at the end)")
+    train.add_argument("--save-every", type=non_negative_int, default=0,
+                       help="checkpoint every N steps (always at the end)")
     train.add_argument("--on-nonfinite", choices=["skip", "stop"], default="skip",
                        help="a NaN/inf gradient norm skips the step (default) or stops the run (exit 3)")
     train.add_argument("--no-checkpoint", action="store_true",
