@@ -24,6 +24,7 @@ STATE_FILE = "state.safetensors"
 META_FILE = "meta.json"
 TENSORS = ("master", "exp_avg", "exp_avg_sq")
 _PIECE = 64 * 2**20
+MAX_STEP = 10**15  # the steps become int64 tensors and schedule arithmetic: a 30-digit step is corruption
 
 
 def digest(path: Path) -> str:
@@ -103,8 +104,8 @@ def verify(directory: Path, numel: int) -> dict:
         step, data_step = int(meta["optimizer_step"]), int(meta["data_step"])
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
         raise SlideDPError(f"{where}: unreadable {META_FILE} ({type(exc).__name__})") from None
-    if step < 0 or data_step < 0:
-        raise SlideDPError(f"{where}: negative step in {META_FILE}")
+    if not (0 <= step <= MAX_STEP and 0 <= data_step <= MAX_STEP):
+        raise SlideDPError(f"{where}: a step in {META_FILE} is negative or beyond {MAX_STEP:.0e}")
     expected = meta.get("state_blake2b")
     if expected is not None and digest(directory / STATE_FILE) != expected:
         raise SlideDPError(f"{where}: {STATE_FILE} does not match the digest written with it (corrupted or "

@@ -33,6 +33,15 @@ def test_write_then_verify_and_leftovers_are_recovered(tmp_path):
         cf.verify(ckpt, 11)
 
 
+@pytest.mark.parametrize("step", [-1, 10**30])
+def test_a_step_out_of_range_is_refused(tmp_path, step):
+    """Found by the fault census: a 30-digit step in meta.json overflowed an int64 later, as a traceback."""
+    ckpt = tmp_path / "checkpoint"
+    cf.write(ckpt, _tensors(), {"data_step": step, "optimizer_step": 3})
+    with pytest.raises(SlideDPError, match="negative or beyond"):
+        cf.verify(ckpt, 10)
+
+
 def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     ckpt = tmp_path / "checkpoint"
     cf.write(ckpt, _tensors(), {"data_step": 1, "optimizer_step": 1})
