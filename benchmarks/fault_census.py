@@ -278,6 +278,8 @@ def main() -> int:
     parser.add_argument("--out", required=True, type=Path, help="results directory")
     parser.add_argument("--only", help="one category")
     parser.add_argument("--limit", type=int, help="the first N cases (a quick look)")
+    parser.add_argument("--update", action="store_true",
+                        help="replace only the rows of the cases run now in an existing <label>.jsonl")
     args = parser.parse_args()
     found = Path(checkout_of(args.python)).resolve()
     if found != args.checkout.resolve():
@@ -286,6 +288,13 @@ def main() -> int:
                             text=True).stdout.strip()
     rows = run_census(args.python, args.checkout, args.only, args.limit)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.update:
+        lines = (args.out / f"{args.label}.jsonl").read_text().splitlines()
+        header, previous = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
+        if header["commit"] != commit:
+            parser.error(f"{args.label}.jsonl is of commit {header['commit']}, the checkout is at {commit}")
+        fresh = {r["case"]: r for r in rows}
+        rows = [fresh.pop(r["case"], r) for r in previous] + list(fresh.values())
     with open(args.out / f"{args.label}.jsonl", "w") as fh:
         fh.write(json.dumps({"commit": commit, "checkout": str(args.checkout), "cases": len(rows)}) + "\n")
         for row in rows:

@@ -599,8 +599,10 @@ def _disk_full(first_save_fits: bool) -> Callable[[Ctx], Observation]:
     def run(ctx: Ctx) -> Observation:
         mnt = ctx.scratch / (MOUNT_TAG + "mnt")
         mnt.mkdir()
-        # the tiny model's state file is ~0.5 MB: 1 MB holds one checkpoint and its run files, not two
-        size = "1200k" if first_save_fits else "100k"
+        # room for one checkpoint and the run's files, not for a second one beside it (a save writes the new
+        # one before the old one goes); or not even for the first one
+        state = (ctx.fixtures / "base" / "checkpoint" / "state.safetensors").stat().st_size
+        size = f"{(state * 3 // 2 if first_save_fits else state // 2) // 1024}k"
         if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)]).returncode != 0:
             return Observation(Result(None, "mount refused", False, 0.0), (False, "cannot mount a tmpfs here"))
         try:
