@@ -63,6 +63,7 @@ def write(directory: Path, tensors: dict, meta: dict, before_meta=None) -> None:
     """Write a checkpoint atomically (see the module docstring); ``before_meta(tmp)`` runs between the state
     file and meta.json, with the temporary directory (fault injection). A full disk is one line and leaves
     the previous checkpoint in place."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -77,9 +78,11 @@ def write(directory: Path, tensors: dict, meta: dict, before_meta=None) -> None:
         (tmp / META_FILE).write_text(json.dumps({**meta, "state_blake2b": digest(tmp / STATE_FILE)}, indent=2))
         fsync_path(tmp / META_FILE)
         fsync_path(tmp)
-    except OSError as exc:
+    except (OSError, SafetensorError) as exc:  # safetensors reports its own write errors as SafetensorError
         shutil.rmtree(tmp, ignore_errors=True)
-        reason = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        full = getattr(exc, "errno", None) == errno.ENOSPC or f"(os error {errno.ENOSPC})" in str(exc)
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+        reason = "the disk is full" if full else (getattr(exc, "strerror", None) or first)
         raise SlideDPError(f"cannot write checkpoint {str(directory)!r}: {reason}; the previous checkpoint is "
                            f"kept") from None
     old = directory.with_name(directory.name + f".old-{os.getpid()}")
