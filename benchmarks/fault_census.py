@@ -144,6 +144,9 @@ class Ctx:
 
         def start() -> None:
             _limit_memory()
+            # a shell's background job inherits SIGINT ignored, and so would every process of the run: the
+            # SIGINT cases would then measure nothing
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             if preexec is not None:
                 preexec()
 
@@ -280,16 +283,24 @@ def main() -> int:
     parser.add_argument("--limit", type=int, help="the first N cases (a quick look)")
     parser.add_argument("--update", action="store_true",
                         help="replace only the rows of the cases run now in an existing <label>.jsonl")
+    parser.add_argument("--from-log", type=Path, help="with --update: start <label>.jsonl from the rows an "
+                        "interrupted census printed")
     args = parser.parse_args()
     found = Path(checkout_of(args.python)).resolve()
     if found != args.checkout.resolve():
         parser.error(f"{args.python} imports slidedp from {found}, not {args.checkout}")
     commit = subprocess.run(["git", "-C", str(args.checkout), "rev-parse", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
+    if args.update and args.from_log and not (args.out / f"{args.label}.jsonl").exists() and args.only is None:
+        parser.error("--from-log needs --only (the categories the log lacks)")
     rows = run_census(args.python, args.checkout, args.only, args.limit)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.update:
-        lines = (args.out / f"{args.label}.jsonl").read_text().splitlines()
+        target = args.out / f"{args.label}.jsonl"
+        if not target.exists() and args.from_log:  # rows printed by an interrupted census of this commit
+            printed = [line for line in args.from_log.read_text().splitlines() if line.startswith('{"case"')]
+            target.write_text("\n".join([json.dumps({"commit": commit, "checkout": str(args.checkout)}), *printed]))
+        lines = target.read_text().splitlines()
         header, previous = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
         if header["commit"] != commit:
             parser.error(f"{args.label}.jsonl is of commit {header['commit']}, the checkout is at {commit}")
