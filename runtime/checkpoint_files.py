@@ -24,6 +24,7 @@ STATE_FILE = "state.safetensors"
 META_FILE = "meta.json"
 TENSORS = ("master", "exp_avg", "exp_avg_sq")
 _PIECE = 64 * 2**20
+MAX_STEP = 10**15  # the steps become int64 tensors and schedule arithmetic: a 30-digit step is corruption
 
 
 def digest(path: Path) -> str:
@@ -62,6 +63,7 @@ def write(directory: Path, tensors: dict, meta: dict, before_meta=None) -> None:
     """Write a checkpoint atomically (see the module docstring); ``before_meta(tmp)`` runs between the state
     file and meta.json, with the temporary directory (fault injection). A full disk is one line and leaves
     the previous checkpoint in place."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -76,9 +78,11 @@ def write(directory: Path, tensors: dict, meta: dict, before_meta=None) -> None:
         (tmp / META_FILE).write_text(json.dumps({**meta, "state_blake2b": digest(tmp / STATE_FILE)}, indent=2))
         fsync_path(tmp / META_FILE)
         fsync_path(tmp)
-    except OSError as exc:
+    except (OSError, SafetensorError) as exc:  # safetensors reports its own write errors as SafetensorError
         shutil.rmtree(tmp, ignore_errors=True)
-        reason = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        full = getattr(exc, "errno", None) == errno.ENOSPC or f"(os error {errno.ENOSPC})" in str(exc)
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+        reason = "the disk is full" if full else (getattr(exc, "strerror", None) or first)
         raise SlideDPError(f"cannot write checkpoint {str(directory)!r}: {reason}; the previous checkpoint is "
                            f"kept") from None
     old = directory.with_name(directory.name + f".old-{os.getpid()}")
@@ -103,8 +107,8 @@ def verify(directory: Path, numel: int) -> dict:
         step, data_step = int(meta["optimizer_step"]), int(meta["data_step"])
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
         raise SlideDPError(f"{where}: unreadable {META_FILE} ({type(exc).__name__})") from None
-    if step < 0 or data_step < 0:
-        raise SlideDPError(f"{where}: negative step in {META_FILE}")
+    if not (0 <= step <= MAX_STEP and 0 <= data_step <= MAX_STEP):
+        raise SlideDPError(f"{where}: a step in {META_FILE} is negative or beyond {MAX_STEP:.0e}")
     expected = meta.get("state_blake2b")
     if expected is not None and digest(directory / STATE_FILE) != expected:
         raise SlideDPError(f"{where}: {STATE_FILE} does not match the digest written with it (corrupted or "

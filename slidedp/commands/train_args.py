@@ -41,7 +41,7 @@ def add_train_args(train: argparse.ArgumentParser) -> None:
     run.add_argument("--hardware", default="h200-x1", help="profile for preflight and prediction (default h200-x1)")
     run.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     run.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"], help="compute dtype")
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seed", type=non_negative_int, default=0)
     run.add_argument("--gpu-budget", type=positive_float, metavar="GIB", help="GPU memory budget in GiB")
     run.add_argument("--host-limit", type=positive_float, metavar="GIB", help="host memory limit in GiB")
 

@@ -70,6 +70,9 @@ def _files(tmp) -> dict[str, str]:
         out[name] = str(tmp / f"{name}.yaml")
     del hardware
     (tmp / "data.txt").write_text("some text " * 200)
+    (tmp / "surrogate.jsonl").write_text('{"text": "\\udc80 lone"}\n' * 50)
+    (tmp / "bigint.jsonl").write_text('{"text": ' + "9" * 5000 + "}\n")
+    out.update(surrogate=str(tmp / "surrogate.jsonl"), bigint=str(tmp / "bigint.jsonl"))
     (tmp / "empty_dir").mkdir()
     (tmp / "not_a_trace.csv").write_text("a,b\n1,2\n")
     out.update(data=str(tmp / "data.txt"), empty_dir=str(tmp / "empty_dir"), not_a_trace=str(tmp / "not_a_trace.csv"),
@@ -146,6 +149,14 @@ CASES: list[list[str]] = [
     [*TRAIN[:2], "{tmp}/missing-data", *TRAIN[3:], "--model", "{good}"],
     [*TRAIN, "--model", "{good}", "--device", "cuda"],
     [*TRAIN, "--model", "{good}", "--nproc", "0"],
+    # found by benchmarks/fault_census.py at #15's first part
+    [*TRAIN[:2], "{surrogate}", *TRAIN[3:], "--model", "{good}"],
+    [*TRAIN[:2], "{bigint}", *TRAIN[3:], "--model", "{good}"],
+    [*TRAIN, "--model", "{good}", "--seed", "1" + "0" * 30],
+    [*TRAIN, "--model", "{good}", "--warmup", "1" + "0" * 30],
+    [*TRAIN, "--model", "{good}", "--save-every", "-1"],
+    [*TRAIN, "--model", "{good}", "--gpu-budget", "inf"],
+    [*TRAIN, "--model", "{good}", "--batch", "9" * 5000],
 ]
 
 
@@ -153,7 +164,7 @@ def test_the_sweep_has_at_least_fifty_cases():
     assert len(CASES) >= 50
 
 
-@pytest.mark.parametrize("argv", CASES, ids=[" ".join(c[:1] + c[-2:]) for c in CASES])
+@pytest.mark.parametrize("argv", CASES, ids=[" ".join(c[:1] + c[-2:])[:60] for c in CASES])
 def test_bad_input_is_one_line_and_exit_2(argv, tmp_path, capsys):
     files = _files(tmp_path)
     args = [a.format(**files) for a in argv]

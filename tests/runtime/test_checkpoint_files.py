@@ -33,12 +33,30 @@ def test_write_then_verify_and_leftovers_are_recovered(tmp_path):
         cf.verify(ckpt, 11)
 
 
-def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("step", [-1, 10**30])
+def test_a_step_out_of_range_is_refused(tmp_path, step):
+    """Found by the fault census: a 30-digit step in meta.json overflowed an int64 later, as a traceback."""
+    ckpt = tmp_path / "checkpoint"
+    cf.write(ckpt, _tensors(), {"data_step": step, "optimizer_step": 3})
+    with pytest.raises(SlideDPError, match="negative or beyond"):
+        cf.verify(ckpt, 10)
+
+
+def _os_full(*_args, **_kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _safetensors_full(*_args, **_kwargs):
+    """What safetensors itself raises on a full disk (seen by the fault census on a 850 KiB tmpfs)."""
+    from safetensors import SafetensorError
+
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+@pytest.mark.parametrize("full", [_os_full, _safetensors_full])
+def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch, full):
     ckpt = tmp_path / "checkpoint"
     cf.write(ckpt, _tensors(), {"data_step": 1, "optimizer_step": 1})
-
-    def full(*_args, **_kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr("safetensors.torch.save_file", full)
     with pytest.raises(SlideDPError, match="the disk is full; the previous checkpoint is kept"):
