@@ -32,6 +32,7 @@ TINY = dict(model_type="qwen3", vocab_size=300, hidden_size=32, intermediate_siz
 TEXT = "streaming layers through a shared host state " * 60
 PAUSE_ENV = "SLIDEDP_FAULT_PAUSE_IN_SAVE"  # HEAD's test hook; an older checkout ignores it (then: polled)
 MOUNT_TAG = "slidedp-census-"
+ORPHAN_GRACE_S = 10.0  # after the launcher has exited, its ranks must be gone within this
 
 
 @dataclass(frozen=True)
@@ -282,12 +283,15 @@ def _wait_rows(out: Path, rows: int, proc: subprocess.Popen, deadline: float) ->
     return False
 
 
-def _wait_save(out: Path, proc: subprocess.Popen, deadline: float) -> str:
-    """Until a save is under way: HEAD's pause marker, else a temporary checkpoint seen by fast polling."""
+def _wait_save(ctx: Ctx, out: Path, proc: subprocess.Popen, deadline: float) -> str:
+    """Until a save is under way: the pause marker where the checkout has the hook (its source is read, not
+    imported), else a temporary checkpoint seen by fast polling (an older checkout: the signal may land
+    just after the save)."""
+    hook = PAUSE_ENV in (ctx.checkout / "runtime" / "host_state.py").read_text()
     while time.monotonic() < deadline and proc.poll() is None:
-        if list(out.glob("checkpoint.tmp-*/FAULT_PAUSED")):
+        if hook and list(out.glob("checkpoint.tmp-*/FAULT_PAUSED")):
             return "paused"
-        if any(out.glob("checkpoint.tmp-*")):
+        if not hook and any(out.glob("checkpoint.tmp-*")):
             return "polled"
         time.sleep(0.002)
     return "missed"
@@ -319,7 +323,7 @@ def _kill_case(sig: signal.Signals, target: str, when: str) -> Callable[[Ctx], O
         timing = "step"
         if when == "save":
             _wait_rows(out, 2, proc, deadline)
-            timing = _wait_save(out, proc, deadline)
+            timing = _wait_save(ctx, out, proc, deadline)
         elif not _wait_rows(out, 3, proc, deadline):
             timing = "never trained"
         pids = {"launcher": [proc.pid], "rank0": _pids_by_rank(ctx.token, "0"),
@@ -333,10 +337,16 @@ def _kill_case(sig: signal.Signals, target: str, when: str) -> Callable[[Ctx], O
         result = finish(proc, t0, 150 + 90)
         result.stderr = f"[timing {timing}]\n" + result.stderr
         t1 = time.monotonic()
-        while processes_with(ctx.token) and time.monotonic() - t1 < 30:
+        while processes_with(ctx.token) and time.monotonic() - t1 < ORPHAN_GRACE_S:
             time.sleep(0.25)
-        if processes_with(ctx.token):
-            return Observation(result, (False, "processes left"), kill_case=True)
+        orphans = processes_with(ctx.token)
+        if orphans:  # the launcher is gone and ranks train on: orphans (they would finish the run unattended)
+            for pid in orphans:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            return Observation(result, (False, "orphans"), kill_case=True,
+                               leaked=[f"{len(orphans)} process(es) still running {ORPHAN_GRACE_S:.0f} s after "
+                                       f"the launcher exited"])
         leftovers = sorted(p.name for p in out.glob("checkpoint.*"))
         ok, why, step = read_checkpoint(out / "checkpoint")
         if not (out / "checkpoint").exists():
