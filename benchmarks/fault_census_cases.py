@@ -334,16 +334,19 @@ def _kill_case(sig: signal.Signals, target: str, when: str) -> Callable[[Ctx], O
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-        result = finish(proc, t0, 150 + 90)
-        result.stderr = f"[timing {timing}]\n" + result.stderr
+        # wait for the launcher itself, not for its stderr: orphaned ranks keep that pipe open to the end
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(1.0, 240 - (time.monotonic() - t0)))
         t1 = time.monotonic()
         while processes_with(ctx.token) and time.monotonic() - t1 < ORPHAN_GRACE_S:
             time.sleep(0.25)
-        orphans = processes_with(ctx.token)
-        if orphans:  # the launcher is gone and ranks train on: orphans (they would finish the run unattended)
-            for pid in orphans:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        orphans = processes_with(ctx.token) if proc.poll() is not None else []
+        for pid in orphans:  # the launcher is gone and ranks train on: orphans (they would finish unattended)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        result = finish(proc, t0, 240 + ORPHAN_GRACE_S)
+        result.stderr = f"[timing {timing}]\n" + result.stderr
+        if orphans:
             return Observation(result, (False, "orphans"), kill_case=True,
                                leaked=[f"{len(orphans)} process(es) still running {ORPHAN_GRACE_S:.0f} s after "
                                        f"the launcher exited"])
