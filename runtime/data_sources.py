@@ -93,7 +93,16 @@ class DataSource:
         """(file label, record) pairs in a fixed order; parse errors become one line naming the file."""
         import datasets
 
-        datasets.logging.set_verbosity_error()
+        # datasets logs a parse failure at ERROR level before raising it; the raise becomes our one line, so its
+        # own log line would be a second (and, under a replaced stderr, a "--- Logging error ---" traceback).
+        level = datasets.logging.get_verbosity()
+        datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+        try:
+            yield from self._records(datasets)
+        finally:
+            datasets.logging.set_verbosity(level)
+
+    def _records(self, datasets) -> Iterator[tuple[str, dict]]:
         if self.saved:
             yield from self._saved_records()
             return

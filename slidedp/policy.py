@@ -12,6 +12,7 @@ from typing import Literal
 
 from slidedp.config_io import from_mapping, read_mapping, to_mapping, write_mapping
 from slidedp.errors import SlideDPError
+from slidedp.state_precision import StatePrecision
 
 ParamRoute = Literal["replicated", "sharded"]
 GradRoute = Literal["per_rank", "reduce_scatter"]
@@ -47,6 +48,9 @@ class Policy:
         global norm is known: no H2D, D2H or CPU AdamW for them. Spare GPU memory thus buys back CPU
         and PCIe time; the host state still holds every parameter (written back at checkpoints), and
         every rank keeps its own replica, all-reducing those units' gradients.
+    state: precision of the host optimizer state (slidedp.state_precision): ``fp32`` (exact AdamW, default)
+        or a compact ``<master>+<moments>`` mode such as ``fp32+int8`` or ``bf16+int8``. GPU-held units keep
+        fp32 state whatever this says.
     """
 
     param_route: ParamRoute = "sharded"
@@ -61,6 +65,7 @@ class Policy:
     update_schedule: UpdateSchedule = "next_forward"
     loss_chunk_tokens: int = 4096
     gpu_state_units: int = 0
+    state: str = "fp32"
 
     def __post_init__(self) -> None:
         for name in ("chunks_per_layer", "prefetch_depth", "micro_batch", "accumulation", "loss_chunk_tokens"):
@@ -78,6 +83,11 @@ class Policy:
             if getattr(self, name) not in allowed:
                 raise SlideDPError(f"policy.{name} must be one of {', '.join(allowed)}, "
                                    f"got {getattr(self, name)!r}")
+        object.__setattr__(self, "state", self.state_precision.name)  # one spelling: "fp32+fp32" -> "fp32"
+
+    @property
+    def state_precision(self) -> StatePrecision:
+        return StatePrecision.parse(self.state)
 
     @property
     def grad_bytes(self) -> int:
