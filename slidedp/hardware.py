@@ -158,6 +158,10 @@ class HostSpec:
     # How much harder a CPU pass presses on host DRAM than a copy of the same solo rate when they share it
     # (sim.fluid): 1 = proportional sharing (hosts not measured); calibration.contention_bench fits it.
     cpu_dram_weight: float = 1.0
+    # The one-pass update rate of each compact host-state mode (slidedp.state_precision names such as
+    # ``fp32+int8``) as a thread curve like ``adam_gparams_per_s`` (which is the ``fp32`` mode's), measured by
+    # calibration. A mode missing here is priced by the workload from its DRAM bytes (see update_rate).
+    state_update_gparams_per_s: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.cores <= 0:
@@ -168,6 +172,8 @@ class HostSpec:
         _check_curve("host.stream_gbps", self.stream_gbps)
         for impl, curve in self.peer_adam_gparams_per_s.items():
             _check_curve(f"host.peer_adam_gparams_per_s.{impl}", curve)
+        for mode, curve in self.state_update_gparams_per_s.items():
+            _check_curve(f"host.state_update_gparams_per_s.{mode}", curve)
         for dirs, factor in self.dma_interference.items():
             if dirs not in DMA_DIRECTION_SETS:
                 raise SlideDPError(f"host.dma_interference: unknown key {quote(dirs)}; "

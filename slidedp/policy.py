@@ -18,11 +18,13 @@ ParamRoute = Literal["replicated", "sharded"]
 GradRoute = Literal["per_rank", "reduce_scatter"]
 ActivationPolicy = Literal["keep", "recompute", "offload"]
 UpdateSchedule = Literal["next_forward", "as_ready", "after_backward"]
+HostLayout = Literal["replicated", "sharded"]
 
 PARAM_ROUTES: tuple[str, ...] = ("replicated", "sharded")
 GRAD_ROUTES: tuple[str, ...] = ("per_rank", "reduce_scatter")
 ACTIVATION_POLICIES: tuple[str, ...] = ("keep", "recompute", "offload")
 UPDATE_SCHEDULES: tuple[str, ...] = ("next_forward", "as_ready", "after_backward")
+HOST_LAYOUTS: tuple[str, ...] = ("replicated", "sharded")
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,13 @@ class Policy:
     state: precision of the host optimizer state (slidedp.state_precision): ``fp32`` (exact AdamW, default)
         or a compact ``<master>+<moments>`` mode such as ``fp32+int8`` or ``bf16+int8``. GPU-held units keep
         fp32 state whatever this says.
+    seq_tile_tokens: the token-wise parts of a decoder layer (MLP, norms) run over tiles of this many tokens
+        of a sequence, recomputed per tile in backward, so a layer's working set is bounded by the tile and
+        not by the sequence (0: untiled).
+    host_layout: across several hosts, ``replicated`` = every host keeps the whole state and runs the whole
+        CPU update (gradients all-reduced across hosts); ``sharded`` = each host keeps master and moments of
+        1/H of the parameters (gradients reduce-scattered across hosts, new bf16 weights all-gathered).
+        Irrelevant on one host.
     """
 
     param_route: ParamRoute = "sharded"
@@ -66,6 +75,8 @@ class Policy:
     loss_chunk_tokens: int = 4096
     gpu_state_units: int = 0
     state: str = "fp32"
+    seq_tile_tokens: int = 0
+    host_layout: HostLayout = "replicated"
 
     def __post_init__(self) -> None:
         for name in ("chunks_per_layer", "prefetch_depth", "micro_batch", "accumulation", "loss_chunk_tokens"):
@@ -75,10 +86,14 @@ class Policy:
         if not isinstance(self.gpu_state_units, int) or isinstance(self.gpu_state_units, bool) \
                 or self.gpu_state_units < 0:
             raise SlideDPError(f"policy.gpu_state_units must be a non-negative integer, got {self.gpu_state_units!r}")
+        if not isinstance(self.seq_tile_tokens, int) or isinstance(self.seq_tile_tokens, bool) \
+                or self.seq_tile_tokens < 0:
+            raise SlideDPError(f"policy.seq_tile_tokens must be a non-negative integer, got {self.seq_tile_tokens!r}")
         if self.adam_threads is not None and self.adam_threads < 1:
             raise SlideDPError(f"policy.adam_threads must be a positive integer, got {self.adam_threads!r}")
         for name, allowed in (("param_route", PARAM_ROUTES), ("grad_route", GRAD_ROUTES),
                               ("activation", ACTIVATION_POLICIES), ("update_schedule", UPDATE_SCHEDULES),
+                              ("host_layout", HOST_LAYOUTS),
                               ("grad_dtype", ("bf16", "fp32"))):
             if getattr(self, name) not in allowed:
                 raise SlideDPError(f"policy.{name} must be one of {', '.join(allowed)}, "
