@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -47,22 +48,39 @@ def run_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+# Short spellings that keep the ranked table within 80 columns; the legend printed under it spells them out.
+_ROUTE = {"replicated": "R", "sharded": "S", "per_rank": "PR", "reduce_scatter": "RS"}
+_ACTIVATION = {"keep": "keep", "recompute": "rec", "offload": "off"}
+_SCHEDULE = {"next_forward": "next", "as_ready": "ready", "after_backward": "after"}
+_LEGEND = ("step s: simulated; * = analytical model only.  GiB: GPU peak.  held: units\n"
+           "whose optimizer state stays on the GPU.  route: params/grads (R replicated,\n"
+           "S sharded / PR per-rank, RS reduce-scatter).  ch/pf: chunks per layer /\n"
+           "prefetch depth.  act: keep, rec(ompute), off(load).  mb×acc: micro-batch x\n"
+           "accumulation.  upd: CPU update during the next forward, as ready, after\n"
+           "backward.  thr: CPU threads per rank.")
+
+
 def _print(table, result, model: str, hardware: str, seq: int, batch: int, out: Path, ranked: Path, show: int):
     console = Console()
+    refined = sum(c.sim is not None for c in result.candidates)
     console.print(f"tuned [bold]{model}[/] on [bold]{hardware}[/], seq {seq}, batch {batch}: "
-                  f"{result.enumerated} candidates, {len(result.candidates)} fit, "
-                  f"top {sum(c.sim is not None for c in result.candidates)} refined with the simulator, "
-                  f"{result.elapsed_s:.1f} s")
-    view = Table(title="Best policies (simulated where refined, else analytical)")
-    for col in ("#", "step s", "tok/s", "limit", "GPU GiB", "routes", "chunks/depth", "act", "mb x acc", "update",
-                "thr"):
-        view.add_column(col, justify="right" if col in ("#", "step s", "tok/s", "GPU GiB") else "left")
-    short = {"replicated": "rep", "sharded": "shard", "per_rank": "rank", "reduce_scatter": "RS"}
-    for row in table.head(show).itertuples():
-        step = row.model_step_s if pd.isna(row.sim_step_s) else row.sim_step_s
-        view.add_row(str(row.rank), f"{step:.3f}", f"{row.tokens_per_s:,.0f}", row.limiter, f"{row.gpu_peak_gib:.1f}",
-                     f"{short[row.param_route]}/{short[row.grad_route]}",
-                     f"{row.chunks_per_layer}/{row.prefetch_depth}", row.activation,
-                     f"{row.micro_batch}x{row.accumulation}", row.update_schedule, str(row.adam_threads))
-    console.print(view)
+                  f"{result.enumerated} policies enumerated, {len(result.candidates)} feasible (with GPU-held "
+                  f"variants), top {refined} refined with the simulator, {result.elapsed_s:.1f} s")
+    console.print(ranked_view(table.head(show)))
+    console.print(_LEGEND, style="dim")
     console.print(f"wrote policy {out} and ranked table {ranked}")
+
+
+def ranked_view(rows: pd.DataFrame) -> Table:
+    """The ranked candidates as a table of at most 80 columns (the CSV holds every field in full)."""
+    view = Table(title="Best policies", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in ("#", "step s", "ktok/s", "limit", "GiB", "held", "route", "ch/pf", "act", "mb×acc", "upd",
+                "thr"):
+        view.add_column(col, justify="left" if col in ("limit", "route", "act", "upd") else "right", no_wrap=True)
+    for row in rows.itertuples():
+        step = f"{row.model_step_s:.3f}*" if pd.isna(row.sim_step_s) else f"{row.sim_step_s:.3f} "
+        view.add_row(str(row.rank), step, f"{row.tokens_per_s / 1e3:,.1f}", row.limiter, f"{row.gpu_peak_gib:.1f}",
+                     str(row.gpu_state_units), f"{_ROUTE[row.param_route]}/{_ROUTE[row.grad_route]}",
+                     f"{row.chunks_per_layer}/{row.prefetch_depth}", _ACTIVATION[row.activation],
+                     f"{row.micro_batch}×{row.accumulation}", _SCHEDULE[row.update_schedule], str(row.adam_threads))
+    return view
