@@ -3,14 +3,16 @@
 The order is what the peers do: forward layer by layer, each layer's weights fetched (host copy and/or all-gather)
 at most ``PEER_WINDOW`` layers ahead; backward in reverse, re-fetching where the system reshards, each layer's
 gradient reduced over the ranks and copied to the host as soon as it is computed, a layer's gradient buffer reused
-``PEER_WINDOW`` layers later; then the optimizer, which none of the peers overlaps with compute: on the CPU after
-the whole backward (clip passes, AdamW, the bf16 cast and the copy of the new weights back to the GPUs where the
-system keeps weights there), or fused AdamW on each GPU. Byte counts come from :class:`~slidedp.peers.step.PeerStep`.
+``PEER_WINDOW`` layers later (or, where the system's offload runs in series with backward, ``serial_grad_copy``,
+the next layer's backward waiting for this one's reduction, GPU passes, host reads and copy); then the optimizer,
+which none of the peers overlaps with compute: on the CPU after the whole backward (clip passes, AdamW, the bf16
+cast and the copy of the new weights back to the GPUs where the system keeps weights there), or fused AdamW on each
+GPU. Byte counts come from :class:`~slidedp.peers.step.PeerStep`.
 """
 
 from __future__ import annotations
 
-from slidedp.peers.step import PEER_WINDOW, PeerStep
+from slidedp.peers.step import GRAD_SYNC_OP, PEER_WINDOW, PeerStep
 from slidedp.resources import collective_usage, dma_usage
 from slidedp.schedule import Plan
 
@@ -81,10 +83,13 @@ class _PeerBuilder:
             ready = ({r: [] for r in range(self.n)} if not step.fetches(u, backward=True)
                      else self.fetch(u, lambda r, later=later: self.bwd.get((later, r))))
             unit = w.units[u]
+            serial = step.system.serial_grad_copy is not None
             for r in range(self.n):
                 deps = list(ready[r])
                 if (later, r) in self.grad_done:  # that layer's gradient buffer must have been reduced / copied out
                     deps.append(self.grad_done[(later, r)])
+                if serial and (u + 1, r) in self.grad_done:  # the previous unit's gradient is on the host first
+                    deps.append(self.grad_done[(u + 1, r)])
                 self.bwd[(u, r)] = self.plan.add(op="bwd", rank=r, stream=f"gpu[{r}]", resource=f"gpu[{r}]", unit=u,
                                                  chunk=-1, amount=unit.bwd_s, flops=unit.bwd_flops, host_bytes=0.0,
                                                  deps=deps)
@@ -100,7 +105,11 @@ class _PeerBuilder:
             for r in range(self.n):
                 done[r] = self._collective(op, r, u, nbytes, [done[r]], group, "rs")
         d2h = step.d2h_grad_bytes(u)
+        sync_s = step.grad_sync_s(u)
         for r in range(self.n):
+            if sync_s > 0:  # the GPU passes and host reads before each tensor's copy, on the offload's own chain
+                done[r] = self.plan.add(op=GRAD_SYNC_OP, rank=r, stream=f"d2h[{r}]", resource=f"gpu[{r}]", unit=u,
+                                        chunk=-1, amount=sync_s, flops=0.0, host_bytes=0.0, deps=[done[r]])
             if d2h > 0:
                 done[r] = self.plan.add(op="d2h_grad", rank=r, stream=f"d2h[{r}]", resource=f"d2h[{r}]", unit=u,
                                         chunk=-1, amount=d2h, flops=0.0, host_bytes=d2h,

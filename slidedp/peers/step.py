@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from functools import cached_property
 
+from slidedp.compute import Elementwise
 from slidedp.errors import SlideDPError
-from slidedp.hardware import HardwareProfile
+from slidedp.hardware import GPUSpec, HardwareProfile
 from slidedp.model_spec import ModelSpec
 from slidedp.peers.systems import PeerSystem
 from slidedp.policy import Policy
@@ -26,6 +27,28 @@ from slidedp.workload import StepWorkload
 ROOT_KINDS: tuple[str, ...] = ("embed", "head")
 # Layers whose gathered weights (and gradients in flight) a rank holds at once: the computing one and the next.
 PEER_WINDOW = 2
+# The trace op of a serial gradient offload's GPU passes and host reads (PeerSystem.serial_grad_copy).
+GRAD_SYNC_OP = "grad_sync"
+# HBM bytes per parameter of the GPU AdamW that GPUSpec.adam_gparams_per_s times (its comment: about HBM bandwidth
+# / 40 B per parameter): the HBM bandwidth of a profile without shape-aware compute curves.
+GPU_ADAM_HBM_BYTES = 40
+
+
+def unit_tensors(model: ModelSpec, kind: str) -> int:
+    """Parameter tensors of one unit: a decoder layer's, the embedding's one, the final norm and, untied, lm_head."""
+    if kind == "layer":
+        return model.layer_tensors
+    if kind == "head":
+        return 1 if model.tied_embeddings else 2
+    return 1
+
+
+def gpu_memory_pass_seconds(gpu: GPUSpec, nbytes: float, kernels: float) -> float:
+    """Memory-bound GPU passes moving ``nbytes`` through HBM in ``kernels`` launches, priced as the compute model
+    prices its elementwise ops; a profile without compute curves has only its GPU AdamW rate to give a bandwidth."""
+    if gpu.compute is not None:
+        return gpu.compute.elementwise_seconds(Elementwise(GRAD_SYNC_OP, nbytes, kernels))
+    return nbytes / (gpu.adam_gparams_per_s * 1e9 * GPU_ADAM_HBM_BYTES)
 
 
 def peer_policy(per_rank_batch: int) -> Policy:
@@ -118,6 +141,29 @@ class PeerStep:
             return 0.0
         return self.params_per_rank / (self.w.hw.gpu.adam_gparams_per_s * 1e9)
 
+    # ---- the gradient offload in series with backward (PeerSystem.serial_grad_copy) ---------------------------
+    def grad_sync_s(self, u: int) -> float:
+        """Seconds one rank's backward stands still for unit ``u``'s gradient passes and host reads (0 where the
+        system's copies overlap the compute); the D2H copy itself is the plan's d2h_grad op."""
+        unit = self.w.units[u]
+        return self._grad_sync_seconds(unit.params, unit_tensors(self.w.model, unit.kind))
+
+    def _grad_sync_seconds(self, params: float, tensors: float) -> float:
+        """Linear in parameters and tensors, so the closed form applies it once to the whole model's counts."""
+        sync = self.system.serial_grad_copy
+        if sync is None:
+            return 0.0
+        nbytes = (sync.bucket_bytes + sync.partition_bytes / self.n) * params
+        kernels = (sync.bucket_kernels + sync.partition_kernels / self.n) * tensors
+        return (gpu_memory_pass_seconds(self.w.hw.gpu, nbytes, kernels)
+                + sync.host_reads * tensors / self.n * self.w.pcie_latency)
+
+    def grad_sync_total_s(self) -> float:
+        """Closed form of one rank's grad_sync seconds over the step, from whole-model counts."""
+        m = self.w.model
+        tensors = m.layers * unit_tensors(m, "layer") + unit_tensors(m, "embed") + unit_tensors(m, "head")
+        return self._grad_sync_seconds(m.total_params, tensors)
+
     def check_rates(self) -> None:
         """Refuse before anything is simulated when the peer's CPU optimizer rate is not in the profile."""
         if self.system.updates_on_cpu:
@@ -137,7 +183,8 @@ class PeerStep:
     # ---- closed form -----------------------------------------------------------------------------------------
     def closed_form_totals(self) -> dict[str, dict[str, float]]:
         """Per trace op: bytes, host bytes and FLOPs summed over ranks for the whole step, from the factors and
-        whole-model parameter counts (the conservation tests hold the simulated trace to these)."""
+        whole-model parameter counts (the conservation tests hold the simulated trace to these); for the serial
+        gradient offload's passes also their seconds."""
         s, w, n, m = self.system, self.w, self.n, self.w.model
         total = m.total_params
         refetched = m.layers * m.layer_params if s.refetch_in_backward else 0
@@ -159,6 +206,8 @@ class PeerStep:
         if s.grad_d2h_bytes:
             d2h = s.grad_d2h_bytes * total
             out["d2h_grad"] = {"bytes": d2h, "host_bytes": d2h, "flops": 0.0}
+        if s.serial_grad_copy is not None:  # fixed-duration GPU passes: seconds, no flow bytes
+            out[GRAD_SYNC_OP] = {"bytes": 0.0, "host_bytes": 0.0, "flops": 0.0, "seconds": n * self.grad_sync_total_s()}
         cpu = {"clip": s.clip_host_bytes * total,
                "adam": (ADAM_HOST_BYTES_BASE + s.grad_d2h_bytes) * total if s.updates_on_cpu else 0.0,
                "cast": CAST_HOST_BYTES * total if s.cast_after_step else 0.0}

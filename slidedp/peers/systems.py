@@ -9,9 +9,10 @@ one registry of names: nothing else compares system names.
 What each spec encodes (``benchmarks/peer_systems.py`` is what was measured):
 
 - ``zero2-offload``: DeepSpeed ZeRO-2 with ``offload_optimizer: cpu``. bf16 weights stay on every GPU; backward
-  reduces bf16 gradients in buckets and copies each rank's partition to the host in fp32; after backward the CPU
-  scales the gradients for clipping and DeepSpeedCPUAdam steps the fp32 partition; the new weights are cast to bf16
-  on the CPU, copied back to the GPU and all-gathered.
+  reduces bf16 gradients in buckets and copies each rank's partition to the host in fp32, in series with the
+  backward compute (``DEEPSPEED_OFFLOAD_GRAD_SYNC``); after backward the CPU scales the gradients for clipping and
+  DeepSpeedCPUAdam steps the fp32 partition; the new weights are cast to bf16 on the CPU, copied back to the GPU
+  and all-gathered.
 - ``zero3-offload``: ZeRO-3 with parameters and optimizer offloaded: bf16 parameters live on the host, each rank
   fetches its 1/N of every layer before its forward and again before its backward and the ranks all-gather; the
   CPU update writes the bf16 copy the next fetch reads.
@@ -50,6 +51,50 @@ ZERO_BUCKET_PARAMS = 200_000_000
 # over the state, so that "fits the host" is right for them.
 ZERO2_OFFLOAD_HOST_OVERHEAD = 14.5
 FSDP2_OFFLOAD_HOST_OVERHEAD = 3.2
+
+
+@dataclass(frozen=True)
+class SerialGradCopy:
+    """A gradient offload that runs in series with the backward compute, and the GPU work and host reads it adds.
+
+    Where a system's host thread waits for each gradient's copy to the host before it issues more backward
+    kernels, the copies cannot hide behind compute: the next unit's backward starts only after this unit's
+    gradient has been reduced, passed through these GPU passes and copied out. Counts are per gradient element
+    (HBM bytes) and per parameter tensor (kernels, host reads): ``bucket_*`` run over the whole reduced bucket on
+    every rank, ``partition_*`` over the rank's own 1/N partition only. The passes are priced as memory-bound
+    kernels (``gpu.compute``), each host read as one PCIe round trip (``gpu.pcie_latency_us``).
+    """
+
+    bucket_bytes: int
+    bucket_kernels: int
+    partition_bytes: int
+    partition_kernels: int
+    host_reads: int
+
+
+# What DeepSpeed ZeRO-1/2 with ``offload_optimizer`` does to each gradient during backward, read in
+# deepspeed/runtime/zero/stage_1_and_2.py (deepspeedai/DeepSpeed at edaa72212, version.txt 0.19.6; git blame dates
+# the lines cited to 2020-2024, so 0.19.8 as measured is taken to match; not read at 0.19.8 itself):
+# - the bucket fills on the compute stream: each gradient copied into the contiguous bf16 bucket (read 2, write 2;
+#   reduce_independent_p_g_buckets_and_remove_grads, l. 1230-1233);
+# - average_tensor (l. 1350-1363, overlap_comm) makes the reduction stream wait for the compute stream, divides the
+#   bucket in place (l. 1436, read 2 + write 2), and allreduce_bucket (l. 1841) flattens the slices into a new
+#   tensor (read 2, write 2), all-reduces it and copies each slice back (l. 1310, read 2, write 2);
+# - reduce_ipg_grads (l. 1718-1755) then, on the reduction stream, per parameter of the rank's partition,
+#   copy_grads_in_partition (l. 1650-1666): set_norm_for_param_grad_in_gpu (l. 1575-1588: .double().norm(2),
+#   read 2 + write 8, read 8; 2 kernels); update_offload_overflow_tracker (l. 1498-1500 with _has_inf_or_nan,
+#   l. 2486-2491: .float(), isnan, isinf, logical_or, .float(), .max(): 28 B, 6 kernels), whose ``if`` on a CUDA
+#   tensor is a host read: the hook's thread (the one issuing backward kernels) blocks until the reduction stream,
+#   which waited for the compute stream, gets there; async_inplace_copy_grad_to_fp32_buffer_from_gpu
+#   (l. 1590-1605: .to(fp32), read 2 + write 4; then the D2H copy into the pinned fp32 gradient partition, l. 843).
+# So every parameter's copy but a bucket's last is done before backward issues another kernel: the copies are in
+# series with compute (the double-buffered bucket does not hide them), and the end of backward synchronises the
+# device (independent_gradient_partition_epilogue, l. 931). Per bucket a few kernels (cat, div, all-reduce) are
+# not counted; nor is the overlap of a bucket's last copy with the next compute (at most one tensor's copy per
+# bucket: 1.8 ms for Qwen3-4B's largest layer tensor at 55 GB/s, about 20 buckets; the embedding's comes last
+# and is waited for anyway), so the model errs slow by at most that.
+DEEPSPEED_OFFLOAD_GRAD_SYNC = SerialGradCopy(bucket_bytes=16, bucket_kernels=2, partition_bytes=52,
+                                             partition_kernels=9, host_reads=1)
 
 SLIDEDP = "slidedp"  # SlideDP itself: the workload's own plan (slidedp.schedule), not a PeerSystem
 
@@ -98,6 +143,8 @@ class PeerSystem:
     # Host bytes per parameter the system holds beyond its state, from the process's RSS where it was measured
     # (ZERO2_OFFLOAD_HOST_OVERHEAD and FSDP2_OFFLOAD_HOST_OVERHEAD); 0 where it was not.
     host_overhead_bytes: float = 0.0
+    # The gradient offload runs in series with backward (see SerialGradCopy); None: it overlaps the compute.
+    serial_grad_copy: SerialGradCopy | None = None
 
     @property
     def shards_weights(self) -> bool:
@@ -131,7 +178,8 @@ SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
         grad_collective="reduce_scatter", grad_collective_bytes=2, grad_d2h_bytes=4,
         optimizer="cpu", cpu_adam=DEEPSPEED_CPU_ADAM, clip_host_bytes=8, cast_after_step=True, writeback_h2d_bytes=2,
         gpu_weight_bytes=2, gpu_moment_bytes=0, gpu_grad_bytes=0, gpu_state_sharded=False, autocast_cache=False,
-        host_state_bytes=16, grad_bucket_params=ZERO_BUCKET_PARAMS, host_overhead_bytes=ZERO2_OFFLOAD_HOST_OVERHEAD),
+        host_state_bytes=16, grad_bucket_params=ZERO_BUCKET_PARAMS, host_overhead_bytes=ZERO2_OFFLOAD_HOST_OVERHEAD,
+        serial_grad_copy=DEEPSPEED_OFFLOAD_GRAD_SYNC),
     PeerSystem(
         name="zero3-offload", summary="DeepSpeed ZeRO-3, parameters and optimizer offloaded to the CPU",
         fetch_h2d_bytes=2, gathered_bytes=2, refetch_in_backward=True,

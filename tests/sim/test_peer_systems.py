@@ -35,8 +35,8 @@ CASES = [(name, gpus, link, tied) for name in SYSTEMS for gpus, link, tied in
 @pytest.mark.parametrize("name, gpus, link, tied", CASES, ids=lambda v: str(v))
 def test_trace_bytes_and_flops_equal_the_closed_form(name, gpus, link, tied):
     step = peer_step(name, tiny_model(layers=5, tied=tied), machine(gpus, link), 512, 2 * gpus)
-    trace = simulate_peer(step).trace
-    by_op = trace.groupby("op")[["bytes", "host_bytes", "flops"]].sum()
+    trace = simulate_peer(step).trace.assign(seconds=lambda t: t.end_s - t.start_s)
+    by_op = trace.groupby("op")[["bytes", "host_bytes", "flops", "seconds"]].sum()
     expected = step.closed_form_totals()
     assert set(by_op.index) == set(expected)
     for op, totals in expected.items():
