@@ -78,12 +78,12 @@ class _PeerBuilder:
 
     def backward(self) -> None:
         step, w = self.step, self.w
+        serial = step.system.serial_grad_copy is not None
         for u in range(self.count - 1, -1, -1):
             later = u + PEER_WINDOW
             ready = ({r: [] for r in range(self.n)} if not step.fetches(u, backward=True)
                      else self.fetch(u, lambda r, later=later: self.bwd.get((later, r))))
             unit = w.units[u]
-            serial = step.system.serial_grad_copy is not None
             for r in range(self.n):
                 deps = list(ready[r])
                 if (later, r) in self.grad_done:  # that layer's gradient buffer must have been reduced / copied out
@@ -107,7 +107,7 @@ class _PeerBuilder:
         d2h = step.d2h_grad_bytes(u)
         sync_s = step.grad_sync_s(u)
         for r in range(self.n):
-            if sync_s > 0:  # the GPU passes and host reads before each tensor's copy, on the offload's own chain
+            if sync_s > 0:  # the unit's GPU passes and host reads before its copy, on the offload's own chain
                 done[r] = self.plan.add(op=GRAD_SYNC_OP, rank=r, stream=f"d2h[{r}]", resource=f"gpu[{r}]", unit=u,
                                         chunk=-1, amount=sync_s, flops=0.0, host_bytes=0.0, deps=[done[r]])
             if d2h > 0:
