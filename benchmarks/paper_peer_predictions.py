@@ -67,8 +67,8 @@ def predict_peer(name: str, model, hw: HardwareProfile, seq: int, batch: int) ->
         note = "stand-in rate " + ", ".join(used)
     mem = estimate_peer_memory(step)
     if mem.gpu_peak > hw.gpu.memory_gib * GIB or mem.host_total > hw.host.memory_gib * GIB:
-        return {"status": "oom (" + "; ".join(mem.shortfalls(hw.gpu.memory_gib * GIB, hw.host.memory_gib * GIB))
-                + ")"}
+        return {"status": "does not fit (" + "; ".join(mem.shortfalls(hw.gpu.memory_gib * GIB,
+                                                                      hw.host.memory_gib * GIB)) + ")"}
     sim = simulate_peer(step)
     return {"status": "ok", "step_s": sim.step_time_s, "tokens_per_s": sim.tokens_per_s, "limiter": sim.limiter,
             "gpu_peak_gib": mem.gpu_peak / GIB, "host_gib": mem.host_total / GIB, "note": note}
@@ -101,6 +101,9 @@ def markdown(pred: dict[str, dict[int, dict]], batches: list[int]) -> str:
         for peer in PEERS:
             both = [b for b in batches if pred[ours][b]["status"] == "ok" and pred[peer][b]["status"] == "ok"]
             ratios = {b: pred[ours][b]["tokens_per_s"] / pred[peer][b]["tokens_per_s"] for b in both}
+            if not ratios:
+                lines.append(f"{ours} / {peer}: no batch where both fit")
+                continue
             per = ", ".join(f"b{b}: {v:.2f}x" for b, v in ratios.items())
             lines.append(f"{ours} / {peer}: geometric mean {geomean(list(ratios.values())):.2f}x ({per})")
     return "\n".join(lines) + "\n"

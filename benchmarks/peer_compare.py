@@ -78,7 +78,8 @@ def drive(args) -> int:
                "--seq", str(args.seq), "--batches", *map(str, args.batches), "--steps", str(args.steps),
                "--out", str(out), "--device", args.device, "--profile", args.profile, "--port", str(args.port + i),
                "--gpus", str(args.gpus), "--peers-dir", str(args.peers_dir),
-               "--batch-timeout", str(args.batch_timeout)] + (["--phases"] if args.phases else [])
+               "--batch-timeout", str(args.batch_timeout),
+               "--peer-inputs", str(args.peer_inputs or out / "peer_inputs")] + (["--phases"] if args.phases else [])
         if args.slidedp_gpu_budget is not None:
             cmd += ["--slidedp-gpu-budget", str(args.slidedp_gpu_budget)]
         log(f"=== {system}: {' '.join(cmd[1:])}")
@@ -122,6 +123,8 @@ def main() -> int:
                    help="where benchmarks.peer_external_setup laid out the external peers' sources")
     p.add_argument("--batch-timeout", type=float, default=240,
                    help="seconds per batch at most for an external peer's run")
+    p.add_argument("--peer-inputs", help="where the external peers' inputs (a checkpoint of the model) are prepared "
+                   "and kept (default OUT/peer_inputs; keep it out of a folder that is copied back)")
     p.add_argument("--out", default="peer_results")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--collate", action="store_true", help="only rebuild table and plot from --out")

@@ -388,8 +388,7 @@ def run_external_peer(args, emit, peer: ExternalPeer) -> None:
         rows_for_all(f"not run ({reason})")
         return
     try:
-        inputs = prepare_inputs(args.model, seq, args.batches, args.steps, Path(args.out) / "peer_inputs",
-                                args.device)
+        inputs = prepare_inputs(args.model, seq, args.batches, args.steps, Path(args.peer_inputs), args.device)
     except Exception as exc:  # noqa: BLE001 - a peer without inputs is a row with the reason, not a crash
         rows_for_all(f"not run (preparing its inputs failed: {str(exc).splitlines()[0][:160]})")
         return

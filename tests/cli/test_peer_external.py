@@ -129,7 +129,7 @@ def _run(peer, prepared, peers_dir, batches=(1, 2, 4), gpus=1, modules=()):
     config, inputs = prepared
     args = argparse.Namespace(model=str(config), seq=16, batches=list(batches), steps=3,
                               out=str(inputs.workdir.parent), device="cpu", port=29999, gpus=gpus,
-                              peers_dir=str(peers_dir), batch_timeout=120)
+                              peers_dir=str(peers_dir), batch_timeout=120, peer_inputs=str(inputs.workdir))
     rows: list[dict] = []
     run_external_peer(args, rows.append, dataclasses.replace(peer, modules=modules))
     return rows
