@@ -10,7 +10,8 @@ system (slidedp.peers) with its own memory model. Where the profile lacks a peer
 refuses; its row is then predicted a second time with a stand-in rate, labelled as such (SlideFormer's
 LayerAdam is DeepSpeed's cpu_adam code, modified, and has not been timed: the stand-in is DeepSpeedCPUAdam's
 measured curve). Ratios are SlideDP's predicted tokens/s over each peer's, with their geometric mean over the
-batches both fit (the paper's headline: 1.46-2.64x).
+batches both fit (the paper's headline: 1.46-2.64x). With ``--measured DIR ...`` (peer_compare output folders)
+each row also shows the measured step time of that system and batch and the prediction's error.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from slidedp.model_spec import load_model_spec
 from slidedp.peers import estimate_peer_memory, peer_step, simulate_peer
 from slidedp.peers.systems import DEEPSPEED_CPU_ADAM, SLIDEFORMER_CPU_ADAM
 from slidedp.problem import resolve_budget
-from slidedp.report.peers import geomean
+from slidedp.report.peers import geomean, load_rows
 from slidedp.tune import TuneSpace, tune
 
 OURS = {"slidedp": TuneSpace(gpu_state=True), "slidedp-host": TuneSpace(gpu_state=False)}
 PEERS = ("zero2-offload", "slideformer", "megatrain")
 STAND_INS = {SLIDEFORMER_CPU_ADAM: DEEPSPEED_CPU_ADAM}  # an untimed kernel -> the measured one it derives from
+MEASURED_AS = {"zero2-offload": "deepspeed-offload"}  # simulated name -> peer_compare's, where they differ
 
 
 def with_stand_ins(hw: HardwareProfile) -> tuple[HardwareProfile, list[str]]:
@@ -85,17 +87,39 @@ def predictions(model_name: str, hw: HardwareProfile, seq: int, batches: list[in
     return out
 
 
-def markdown(pred: dict[str, dict[int, dict]], batches: list[int]) -> str:
-    lines = ["| system | batch | predicted step s | tokens/s | limiter | GPU peak GiB | host GiB | note |",
-             "|---|---|---|---|---|---|---|---|"]
+def measured_steps(rows: list[dict], model: str, seq: int) -> dict[tuple[str, int], float | str]:
+    """Measured step time (or the status of a row without one) per (simulated system name, batch)."""
+    simulated_as = {MEASURED_AS.get(n, n): n for n in (*OURS, *PEERS)}  # peer_compare's name -> simulated name
+    out: dict[tuple[str, int], float | str] = {}
+    for r in rows:
+        if r.get("model") == model and r.get("seq") == seq and r.get("system") in simulated_as:
+            value = r["step_time_s"] if r.get("status") == "ok" else r.get("status", "?")
+            out[(simulated_as[r["system"]], r["batch"])] = value
+    return out
+
+
+def markdown(pred: dict[str, dict[int, dict]], batches: list[int],
+             measured: dict[tuple[str, int], float | str] | None = None) -> str:
+    extra = " measured s | error |" if measured is not None else ""
+    lines = ["| system | batch | predicted step s | tokens/s | limiter | GPU peak GiB | host GiB | note |" + extra,
+             "|---|---|---|---|---|---|---|---|" + ("---|---|" if extra else "")]
     for name, rows in pred.items():
         for b in batches:
             r = rows[b]
+            meas = (measured or {}).get((name, b), "-")
+            cells = ""
+            if measured is not None:
+                err = "-"
+                if isinstance(meas, float):
+                    if r["status"] == "ok":
+                        err = f"{100 * (r['step_s'] - meas) / meas:+.1f}%"
+                    meas = f"{meas:.3f}"
+                cells = f" {meas} | {err} |"
             if r["status"] != "ok":
-                lines.append(f"| {name} | {b} | {r['status']} | | | | | |")
+                lines.append(f"| {name} | {b} | {r['status']} | | | | | |" + cells)
                 continue
             lines.append(f"| {name} | {b} | {r['step_s']:.3f} | {r['tokens_per_s']:,.0f} | {r['limiter']} | "
-                         f"{r['gpu_peak_gib']:.1f} | {r['host_gib']:.1f} | {r['note']} |")
+                         f"{r['gpu_peak_gib']:.1f} | {r['host_gib']:.1f} | {r['note']} |" + cells)
     lines.append("")
     for ours in OURS:
         for peer in PEERS:
@@ -115,9 +139,15 @@ def main() -> int:
     p.add_argument("--hardware", default="h200-x1")
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--measured", type=Path, nargs="*", help="peer_compare output folders to compare with")
     p.add_argument("--out", type=Path, help="also write the table here")
     args = p.parse_args()
-    text = markdown(predictions(args.model, load_hardware(args.hardware), args.seq, args.batches), args.batches)
+    measured = None
+    if args.measured is not None:
+        rows = [r for folder in args.measured for r in load_rows(folder)]
+        measured = measured_steps(rows, args.model, args.seq)
+    pred = predictions(args.model, load_hardware(args.hardware), args.seq, args.batches)
+    text = markdown(pred, args.batches, measured)
     print(text, end="")
     if args.out:
         args.out.write_text(text)

@@ -242,7 +242,7 @@ def test_setup_lays_out_only_what_the_peer_runs_and_records_the_commit(tmp_path)
 def test_paper_predictions_label_the_stand_in_rate_and_divide_like_the_report(tiny_config):
     """SlideFormer's untimed kernel is predicted with DeepSpeedCPUAdam's measured curve, and says so; MegaTrain
     and ZeRO-2-Offload use the profile's own rates; the ratio lines are SlideDP's tokens/s over each peer's."""
-    from benchmarks.paper_peer_predictions import markdown, predictions
+    from benchmarks.paper_peer_predictions import markdown, measured_steps, predictions
     from slidedp.hardware import load_hardware
 
     pred = predictions(str(tiny_config), load_hardware("h200-x1"), 64, [1, 2])
@@ -250,3 +250,9 @@ def test_paper_predictions_label_the_stand_in_rate_and_divide_like_the_report(ti
     assert pred["megatrain"][1]["note"] == "" and pred["zero2-offload"][2]["status"] == "ok"
     ratio = pred["slidedp"][2]["tokens_per_s"] / pred["megatrain"][2]["tokens_per_s"]
     assert f"b2: {ratio:.2f}x" in markdown(pred, [1, 2])
+    rows = [{"system": "deepspeed-offload", "model": str(tiny_config), "seq": 64, "batch": 1, "status": "ok",
+             "step_time_s": pred["zero2-offload"][1]["step_s"] / 1.1},
+            {"system": "megatrain", "model": str(tiny_config), "seq": 64, "batch": 2, "status": "oom"}]
+    table = markdown(pred, [1, 2], measured_steps(rows, str(tiny_config), 64))
+    assert "+10.0% |" in next(line for line in table.splitlines() if line.startswith("| zero2-offload | 1 |"))
+    assert next(line for line in table.splitlines() if line.startswith("| megatrain | 2 |")).endswith(" oom | - |")
