@@ -267,6 +267,8 @@ def prepare_inputs(model: str, seq: int, batches: list[int], steps: int, workdir
             lm = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
         lm.save_pretrained(inputs.checkpoint)
         del lm
+        if where != "cpu":
+            torch.cuda.empty_cache()  # this worker stays alive while the peer runs: leave it the GPU's memory
         save_tokenizer(inputs.checkpoint)
         stamp.write_text(json.dumps(source, default=str))
         log(f"peer inputs: random-init {model} saved to {inputs.checkpoint} in {time.perf_counter() - t0:.0f} s")
