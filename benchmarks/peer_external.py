@@ -305,14 +305,22 @@ def megatrain_yaml(inputs: PeerInputs) -> str:
 
 
 # ---- running -----------------------------------------------------------------------------------------------------
-def _end_with_parent() -> None:
-    """In the child, before exec: die with the worker (the driver's time limit kills the worker only)."""
+def _libc():
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        return ctypes.CDLL(None)
     except OSError:
-        pass
+        return None
+
+
+_LIBC = _libc()  # looked up here, not in the forked child, which should run as little as possible before exec
+
+
+def _end_with_parent() -> None:
+    """In the child, before exec: die with the worker (the driver's time limit kills the worker only)."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def run_logged(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float, log_path: Path) -> tuple[int | None,
