@@ -7,9 +7,10 @@ host) against ZeRO-2-Offload, SlideFormer and MegaTrain, per batch, written befo
 SlideDP's rows are what `benchmarks.peer_compare` would run: `slidedp tune`'s best policy for the batch (the
 same budget as peer_compare: the GPU's usable fraction, all host memory), simulated. Each peer is its simulated
 system (slidedp.peers) with its own memory model. Where the profile lacks a peer's CPU optimizer rate the peer
-refuses; its row is then predicted a second time with a stand-in rate, labelled as such (SlideFormer's
-LayerAdam is DeepSpeed's cpu_adam code, modified, and has not been timed: the stand-in is DeepSpeedCPUAdam's
-measured curve). Ratios are SlideDP's predicted tokens/s over each peer's, with their geometric mean over the
+refuses; its row is then predicted a second time with stand-in rates, labelled as such (STAND_INS: SlideFormer's
+LayerAdam is DeepSpeed's cpu_adam code, modified, and has not been timed: its stand-in is DeepSpeedCPUAdam's
+measured curve; MegaTrain's DeepSpeedCPUAdam and clip over bf16 tensors stand in as the measured fp32 ones).
+Ratios are SlideDP's predicted tokens/s over each peer's, with their geometric mean over the
 batches both fit (the paper's headline: 1.46-2.64x). With ``--measured DIR ...`` (peer_compare output folders)
 each row also shows the measured step time of that system and batch and the prediction's error.
 """
@@ -25,23 +26,36 @@ from slidedp.errors import SlideDPError
 from slidedp.hardware import GIB, HardwareProfile, load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.peers import estimate_peer_memory, peer_step, simulate_peer
-from slidedp.peers.systems import DEEPSPEED_CPU_ADAM, SLIDEFORMER_CPU_ADAM
+from slidedp.peers.systems import (
+    DEEPSPEED_CPU_ADAM,
+    DEEPSPEED_CPU_ADAM_BF16,
+    SLIDEFORMER_CPU_ADAM,
+    SYSTEMS,
+    TORCH_CLIP_GRAD_NORM,
+    TORCH_CLIP_GRAD_NORM_BF16,
+)
 from slidedp.problem import resolve_budget
 from slidedp.report.peers import geomean, load_rows
 from slidedp.tune import TuneSpace, tune
 
 OURS = {"slidedp": TuneSpace(gpu_state=True), "slidedp-host": TuneSpace(gpu_state=False)}
 PEERS = ("zero2-offload", "slideformer", "megatrain")
-STAND_INS = {SLIDEFORMER_CPU_ADAM: DEEPSPEED_CPU_ADAM}  # an untimed kernel -> the measured one it derives from
+# An untimed pass -> the measured one it derives from: SlideFormer's kernel is DeepSpeed's code, modified;
+# MegaTrain's passes are DeepSpeedCPUAdam's and torch's clip on bf16 instead of fp32 tensors.
+STAND_INS = {SLIDEFORMER_CPU_ADAM: DEEPSPEED_CPU_ADAM, DEEPSPEED_CPU_ADAM_BF16: DEEPSPEED_CPU_ADAM,
+             TORCH_CLIP_GRAD_NORM_BF16: TORCH_CLIP_GRAD_NORM}
 MEASURED_AS = {"zero2-offload": "deepspeed-offload"}  # simulated name -> peer_compare's, where they differ
 
 
-def with_stand_ins(hw: HardwareProfile) -> tuple[HardwareProfile, list[str]]:
-    """``hw`` with each missing peer rate of STAND_INS set to its source's curve, and what was stood in."""
+def with_stand_ins(hw: HardwareProfile, keys: tuple[str | None, ...]) -> tuple[HardwareProfile, list[str]]:
+    """``hw`` with each of ``keys`` the profile lacks set to its STAND_INS source's curve, and what was stood in."""
     rates = dict(hw.host.peer_adam_gparams_per_s)
-    used = [f"{k} := {v}" for k, v in STAND_INS.items() if k not in rates and v in rates]
-    for key, source in STAND_INS.items():
-        rates.setdefault(key, rates.get(source, {}))
+    used = []
+    for key in keys:
+        source = STAND_INS.get(key)
+        if key not in rates and source in rates:
+            rates[key] = rates[source]
+            used.append(f"{key} := {source}")
     return replace(hw, host=replace(hw.host, peer_adam_gparams_per_s=rates)), used
 
 
@@ -62,7 +76,8 @@ def predict_peer(name: str, model, hw: HardwareProfile, seq: int, batch: int) ->
         step = peer_step(name, model, hw, seq, batch)
         note = ""
     except SlideDPError as exc:
-        stood_in, used = with_stand_ins(hw)
+        system = SYSTEMS[name]
+        stood_in, used = with_stand_ins(hw, (system.cpu_adam, system.cpu_clip))
         if not used:
             return {"status": f"refused ({exc})"}
         step = peer_step(name, model, stood_in, seq, batch)

@@ -61,6 +61,11 @@ TORCH_CLIP_GRAD_NORM = "torch_clip_grad_norm"
 # -march=native, run per layer from one update thread): a kernel of its own, so a rate of its own. Not yet timed
 # on any host: a profile without it makes the slideformer system refuse rather than borrow DeepSpeed's rate.
 SLIDEFORMER_CPU_ADAM = "slideformer_cpu_adam"
+# MegaTrain's optimizer phase over bf16 tensors (bf16 weights and gradients, fp32 moments): DeepSpeedCPUAdam and
+# torch's clip_grad_norm_ on other dtypes than the measured ZeRO-2 / FSDP2 ones (fp32), so rates of their own
+# (calibration.peer_bench times them on request); without them the megatrain system refuses.
+DEEPSPEED_CPU_ADAM_BF16 = "deepspeed_cpu_adam_bf16"
+TORCH_CLIP_GRAD_NORM_BF16 = "torch_clip_grad_norm_bf16"
 
 # reduce_bucket_size of the measured DeepSpeed runs (benchmarks/peer_systems.py).
 ZERO_BUCKET_PARAMS = 200_000_000
@@ -218,9 +223,9 @@ SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
         name="megatrain", summary="MegaTrain: bf16 weights on the host, DeepSpeedCPUAdam after backward",
         fetch_h2d_bytes=2, gathered_bytes=0, refetch_in_backward=True,
         grad_collective="reduce_scatter", grad_collective_bytes=0, grad_d2h_bytes=2,
-        optimizer="cpu", cpu_adam=DEEPSPEED_CPU_ADAM, clip_host_bytes=6, cast_after_step=True,
+        optimizer="cpu", cpu_adam=DEEPSPEED_CPU_ADAM_BF16, clip_host_bytes=6, cast_after_step=True,
         writeback_h2d_bytes=2, gpu_weight_bytes=0, gpu_moment_bytes=0, gpu_grad_bytes=0, gpu_state_sharded=False,
-        autocast_cache=False, host_state_bytes=14, cpu_clip=TORCH_CLIP_GRAD_NORM, single_gpu=True,
+        autocast_cache=False, host_state_bytes=14, cpu_clip=TORCH_CLIP_GRAD_NORM_BF16, single_gpu=True,
         backward_fetches=2, backward_extra_forwards=1, root_on_gpu=True, master_bytes=2, cast_bytes=4,
         writeback_root_only=True, checkpoint_interval=4, loss_keeps_logits=True, loss_chunk_tokens=128,
         gpu_buffer_bytes=2 * (2 + 2 + 2)),

@@ -11,11 +11,19 @@ from slidedp.errors import SlideDPError
 from slidedp.hardware import load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.peers import SYSTEMS, PeerStep, build_peer_plan, peer_step, peer_workload, simulate_peer
-from slidedp.peers.systems import DEEPSPEED_CPU_ADAM, SLIDEFORMER_CPU_ADAM, TORCH_ADAMW_FUSED, TORCH_CLIP_GRAD_NORM
+from slidedp.peers.systems import (
+    DEEPSPEED_CPU_ADAM,
+    DEEPSPEED_CPU_ADAM_BF16,
+    SLIDEFORMER_CPU_ADAM,
+    TORCH_ADAMW_FUSED,
+    TORCH_CLIP_GRAD_NORM,
+    TORCH_CLIP_GRAD_NORM_BF16,
+)
 from tests.builders import free_machine, tiny_model, with_gpu, with_host, with_link
 
 RATES = {TORCH_ADAMW_FUSED: {1: 1.0, 8: 4.0}, DEEPSPEED_CPU_ADAM: {1: 1.5, 8: 5.0},
-         TORCH_CLIP_GRAD_NORM: {1: 2.0, 8: 8.0}, SLIDEFORMER_CPU_ADAM: {1: 1.2, 8: 4.5}}
+         TORCH_CLIP_GRAD_NORM: {1: 2.0, 8: 8.0}, SLIDEFORMER_CPU_ADAM: {1: 1.2, 8: 4.5},
+         DEEPSPEED_CPU_ADAM_BF16: {1: 1.8, 8: 6.0}, TORCH_CLIP_GRAD_NORM_BF16: {1: 1.0, 8: 3.0}}
 
 
 def machine(gpus: int = 1, link: str = "nvlink", rates: dict | None = None):
@@ -217,11 +225,23 @@ def test_megatrain_never_fetches_its_gpu_resident_root_and_updates_after_backwar
     assert cpu.start_s.min() >= backward_end - 1e-12
 
 
-def test_slideformer_without_its_kernels_rate_refuses_and_both_run_on_one_gpu_only():
-    with pytest.raises(SlideDPError, match="slideformer_cpu_adam") as err:
-        peer_step("slideformer", load_model_spec("qwen3-4b"), load_hardware("h200-x1"), 4096, 1)
-    assert "\n" not in str(err.value)
-    assert peer_step("megatrain", load_model_spec("qwen3-4b"), load_hardware("h200-x1"), 4096, 1)  # DeepSpeed's
+def test_layer_streaming_peers_without_their_measured_rates_refuse_and_run_on_one_gpu_only():
+    """SlideFormer's own Adam and MegaTrain's bf16 DeepSpeedCPUAdam and clip are not in the shipped profile: both
+    refuse in one line rather than borrow the fp32 rates of the other peers; with them, both run."""
+    for name, key in (("slideformer", SLIDEFORMER_CPU_ADAM), ("megatrain", DEEPSPEED_CPU_ADAM_BF16)):
+        with pytest.raises(SlideDPError, match=key) as err:
+            peer_step(name, load_model_spec("qwen3-4b"), load_hardware("h200-x1"), 4096, 1)
+        assert "\n" not in str(err.value)
+        assert peer_step(name, tiny_model(), machine(1), 256, 1)
     for name in ("slideformer", "megatrain"):
         with pytest.raises(SlideDPError, match="one GPU"):
             peer_step(name, tiny_model(), machine(2), 256, 2)
+
+
+def test_peer_bench_times_the_bf16_clip_megatrain_runs():
+    """The bf16 variants time the same functions over bf16 tensors (the clip here; DeepSpeed is not installed)."""
+    from slidedp.calibration.peer_bench import BF16_IMPLEMENTATIONS, IMPLEMENTATIONS, time_step
+
+    assert set(BF16_IMPLEMENTATIONS) == {DEEPSPEED_CPU_ADAM_BF16, TORCH_CLIP_GRAD_NORM_BF16}
+    assert not set(BF16_IMPLEMENTATIONS) & set(IMPLEMENTATIONS)  # `slidedp calibrate` does not time them
+    assert time_step(TORCH_CLIP_GRAD_NORM_BF16, 2**14, 1) > 0
