@@ -12,6 +12,9 @@ GPU or host memory):
                      AdamW on the CPU (fused kernel where DTensor allows it, foreach otherwise)
   deepspeed-offload  DeepSpeed ZeRO-2 with offload_optimizer cpu (DeepSpeedCPUAdam), bf16
   resident           plain GPU-resident training: fp32 weights on the GPU, bf16 autocast, fused AdamW
+  slideformer        SlideFormer's own multi_gpu/scripts/main_dp.py on one GPU, run as an external program from
+                     --peers-dir (benchmarks.peer_external; its differences from the setup below are in each row)
+  megatrain          MegaTrain's own examples/sft/train.py (package infinity) likewise
 
 With --gpus N every system runs N ranks on one host at the same global batch: SlideDP through
 `slidedp train --nproc N` (one shared host state), the peers under torchrun (GPU-resident becomes FSDP2
@@ -41,6 +44,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import append_jsonl, log, pack, read_jsonl
+from benchmarks.peer_external import DEFAULT_PEERS_DIR
 from benchmarks.peer_systems import WORKERS
 from slidedp.report.peers import OURS, SYSTEMS, load_rows, plot, table_markdown
 
@@ -73,7 +77,9 @@ def drive(args) -> int:
         cmd = [*launcher, "-m", "benchmarks.peer_compare", "--worker", system, "--model", args.model,
                "--seq", str(args.seq), "--batches", *map(str, args.batches), "--steps", str(args.steps),
                "--out", str(out), "--device", args.device, "--profile", args.profile, "--port", str(args.port + i),
-               "--gpus", str(args.gpus)] + (["--phases"] if args.phases else [])
+               "--gpus", str(args.gpus), "--peers-dir", str(args.peers_dir),
+               "--batch-timeout", str(args.batch_timeout),
+               "--peer-inputs", str(args.peer_inputs or out / "peer_inputs")] + (["--phases"] if args.phases else [])
         if args.slidedp_gpu_budget is not None:
             cmd += ["--slidedp-gpu-budget", str(args.slidedp_gpu_budget)]
         log(f"=== {system}: {' '.join(cmd[1:])}")
@@ -113,6 +119,12 @@ def main() -> int:
                    help="GPU memory the SlideDP tuner may plan for (default: its usual fraction of the GPU)")
     p.add_argument("--phases", action="store_true",
                    help="also time each phase of the peers' steps (synchronises at every phase: diagnosis only)")
+    p.add_argument("--peers-dir", default=str(DEFAULT_PEERS_DIR),
+                   help="where benchmarks.peer_external_setup laid out the external peers' sources")
+    p.add_argument("--batch-timeout", type=float, default=240,
+                   help="seconds per batch at most for an external peer's run")
+    p.add_argument("--peer-inputs", help="where the external peers' inputs (a checkpoint of the model) are prepared "
+                   "and kept (default OUT/peer_inputs; keep it out of a folder that is copied back)")
     p.add_argument("--out", default="peer_results")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--collate", action="store_true", help="only rebuild table and plot from --out")

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import log
+from benchmarks.peer_external import EXTERNAL, run_external_peer
 from benchmarks.peer_setup import (
     BETAS,
     CLIP,
@@ -258,7 +259,10 @@ def run_slidedp_ranks(args, emit, host_state_only: bool = False) -> None:
 
 WORKERS = {"slidedp": run_slidedp, "slidedp-host": lambda args, emit: run_slidedp(args, emit, host_state_only=True),
            "fsdp2-offload": run_fsdp2_offload, "deepspeed-offload": run_deepspeed_offload,
-           "resident": run_resident}
+           "resident": run_resident,
+           # Other projects' programs, run from the ignored .peers folder (benchmarks.peer_external).
+           **{name: (lambda args, emit, peer=peer: run_external_peer(args, emit, peer))
+              for name, peer in EXTERNAL.items()}}
 
 
 def main() -> int:

@@ -19,30 +19,40 @@ import subprocess
 import sys
 
 from slidedp.calibration.measurements import Measurements, Progress, median_time
-from slidedp.peers.systems import DEEPSPEED_CPU_ADAM, TORCH_ADAMW_FUSED, TORCH_CLIP_GRAD_NORM
+from slidedp.peers.systems import (
+    DEEPSPEED_CPU_ADAM,
+    DEEPSPEED_CPU_ADAM_BF16,
+    TORCH_ADAMW_FUSED,
+    TORCH_CLIP_GRAD_NORM,
+    TORCH_CLIP_GRAD_NORM_BF16,
+)
 
-IMPLEMENTATIONS = (TORCH_ADAMW_FUSED, TORCH_CLIP_GRAD_NORM, DEEPSPEED_CPU_ADAM)
+IMPLEMENTATIONS = (TORCH_ADAMW_FUSED, TORCH_CLIP_GRAD_NORM, DEEPSPEED_CPU_ADAM)  # what `slidedp calibrate` times
+# On request only (benchmarks.host_calibration --peer-impls): MegaTrain's optimizer phase over bf16 tensors.
+BF16_IMPLEMENTATIONS = (DEEPSPEED_CPU_ADAM_BF16, TORCH_CLIP_GRAD_NORM_BF16)
 CLIP_PIECES = 64  # clip_grad_norm_ runs over many tensors (FSDP2 clips ~400 shards), not one flat buffer
 TIMEOUT_S = 600  # one (implementation, threads) process at most; DeepSpeed's first JIT build takes ~100 s
 
 
 def time_step(impl: str, params: int, repeats: int) -> float:
-    """Median seconds of one optimizer step over one flat fp32 tensor of ``params`` elements with an fp32
-    gradient (ZeRO-2 steps one flat partition per group), or of one clip over ``CLIP_PIECES`` tensors."""
+    """Median seconds of one optimizer step over one flat tensor of ``params`` elements with its gradient (ZeRO-2
+    steps one flat partition per group), or of one clip over ``CLIP_PIECES`` tensors; fp32 tensors, bf16 ones for
+    the ``_bf16`` implementations (MegaTrain's bf16 weights and gradients; the moments stay fp32)."""
     import torch
 
-    if impl == TORCH_CLIP_GRAD_NORM:
-        pieces = [torch.nn.Parameter(torch.empty(params // CLIP_PIECES)) for _ in range(CLIP_PIECES)]
+    dtype = torch.bfloat16 if impl in BF16_IMPLEMENTATIONS else torch.float32
+    if impl in (TORCH_CLIP_GRAD_NORM, TORCH_CLIP_GRAD_NORM_BF16):
+        pieces = [torch.nn.Parameter(torch.empty(params // CLIP_PIECES, dtype=dtype)) for _ in range(CLIP_PIECES)]
         for q in pieces:
-            q.grad = torch.randn(q.shape)
+            q.grad = torch.randn(q.shape).to(dtype)
         return median_time(lambda: torch.nn.utils.clip_grad_norm_(pieces, 1.0), repeats) * params / (
             CLIP_PIECES * (params // CLIP_PIECES))
-    p = torch.nn.Parameter(torch.randn(params))
-    p.grad = torch.randn(params) * 1e-3
+    p = torch.nn.Parameter(torch.randn(params).to(dtype))
+    p.grad = (torch.randn(params) * 1e-3).to(dtype)
     kwargs = {"lr": 1e-5, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0}
     if impl == TORCH_ADAMW_FUSED:
         opt = torch.optim.AdamW([p], fused=True, **kwargs)
-    elif impl == DEEPSPEED_CPU_ADAM:
+    elif impl in (DEEPSPEED_CPU_ADAM, DEEPSPEED_CPU_ADAM_BF16):
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
         opt = DeepSpeedCPUAdam([p], adamw_mode=True, **kwargs)
@@ -70,7 +80,7 @@ def rate_in_subprocess(impl: str, threads: int, params: int, repeats: int) -> tu
 
 
 def installed(impl: str) -> bool:
-    if impl == DEEPSPEED_CPU_ADAM:
+    if impl in (DEEPSPEED_CPU_ADAM, DEEPSPEED_CPU_ADAM_BF16):
         import importlib.util
 
         return importlib.util.find_spec("deepspeed") is not None
@@ -103,7 +113,7 @@ def peer_adam_benchmarks(m: Measurements, quick: bool, thread_counts: list[int],
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="time one peer CPU AdamW implementation (a calibrate worker)")
-    parser.add_argument("--impl", choices=IMPLEMENTATIONS, required=True)
+    parser.add_argument("--impl", choices=IMPLEMENTATIONS + BF16_IMPLEMENTATIONS, required=True)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--params", type=int, default=2**27)
     parser.add_argument("--repeats", type=int, default=5)

@@ -1,5 +1,5 @@
 """The systems SlideDP is compared with, as simulated systems: DeepSpeed ZeRO-2/3 with CPU offload, FSDP2 with
-CPUOffloadPolicy, GPU-resident FSDP2 and DDP.
+CPUOffloadPolicy, GPU-resident FSDP2 and DDP, and the layer-streaming SlideFormer and MegaTrain (one GPU each).
 
 ``SYSTEMS`` (slidedp.peers.systems) is the registry; :func:`simulate_system` runs any registered name, SlideDP
 included, through the same simulator, so sweeps and reports can put them side by side.

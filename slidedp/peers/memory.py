@@ -6,7 +6,12 @@ layer's checkpoint, one layer's working set, the loss chunk, the gathered layers
 copies of every fp32 weight it caches until forward ends) and the end of backward (state plus every gradient a
 GPU-resident system keeps, or the gradient buffers in flight to the host, plus the fp32 gradient of a tied
 embedding accumulated from the lookup and the head). Activations and the loss chunk are counted as for SlideDP
-(``activation_bytes``, ``loss_bytes``), since every peer recomputes per layer with the same chunked loss.
+(``activation_bytes``, ``loss_bytes``), since every peer recomputes per layer with the same chunked loss, except
+where a system's spec says otherwise: checkpoints kept on the host (SlideFormer: the prefetch window's on the GPU),
+checkpoints every ``checkpoint_interval`` layers with that many recomputed inputs cached (MegaTrain), a loss that
+keeps every chunk's bf16 log-probabilities until backward (MegaTrain), preallocated layer buffers sized for the
+largest streamed unit (``gpu_buffer_bytes``), root units resident on the GPU in bf16 (MegaTrain) and host bytes
+that grow with the batch (pinned checkpoints).
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slidedp.hardware import GIB
-from slidedp.model.memory import activation_bytes, loss_bytes
-from slidedp.peers.step import PEER_WINDOW, PeerStep
+from slidedp.model.memory import LOGITS_BYTES_PER_ELEMENT, activation_bytes, loss_bytes
+from slidedp.peers.step import PEER_WINDOW, ROOT_KINDS, PeerStep
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,7 @@ class PeerMemory:
     host_state: float
     params: int
     host_overhead: float = 0.0  # what the system holds on the host beyond its state (measured, see PeerSystem)
+    host_buffers: float = 0.0  # host bytes that depend on the batch or the largest unit (pinned checkpoints, staging)
 
     @property
     def gpu_peak(self) -> float:
@@ -41,7 +47,7 @@ class PeerMemory:
 
     @property
     def host_total(self) -> float:
-        return self.host_state + self.host_overhead
+        return self.host_state + self.host_overhead + self.host_buffers
 
     @property
     def host_bytes_per_param(self) -> float:
@@ -66,26 +72,65 @@ class PeerMemory:
         return problems
 
 
+def _activations(step: PeerStep) -> float:
+    """GPU bytes of activations at the start of backward: the shared per-layer-recompute count, or the system's."""
+    s, w = step.system, step.w
+    ckpt = w.model.checkpoint_bytes_per_token() * w.tokens_per_rank
+    working = w.model.full_activation_bytes_per_token() * w.tokens_per_micro_batch
+    if s.checkpoints_on_host:  # the layers whose inputs are on their way out or back in, and one working set
+        return (PEER_WINDOW + 1) * ckpt + working
+    if s.checkpoint_interval > 1:  # one checkpoint per block, the recomputed inputs of one block, a working set
+        blocks = -(-w.model.layers // s.checkpoint_interval)
+        return (blocks + 1 + s.checkpoint_interval) * ckpt + working
+    return activation_bytes(w)
+
+
+def _loss(step: PeerStep) -> float:
+    """GPU bytes of the loss: the shared chunked-loss count, or every token's bf16 log-probabilities."""
+    w = step.w
+    s = step.system
+    if s.loss_keeps_logits:  # every token's bf16 log-probabilities, one chunk's logits in flight, the hidden states
+        chunk = min(s.loss_chunk_tokens, w.tokens_per_micro_batch)
+        return (w.tokens_per_micro_batch * 2 + chunk * LOGITS_BYTES_PER_ELEMENT) * w.model.vocab \
+            + w.model.checkpoint_bytes_per_token() * w.tokens_per_rank
+    return loss_bytes(w)
+
+
 def estimate_peer_memory(step: PeerStep) -> PeerMemory:
     s, w = step.system, step.w
     m, units = w.model, w.units
     total = m.total_params
     shard = step.n if s.gpu_state_sharded else 1
     state = (s.gpu_weight_bytes + s.gpu_moment_bytes) * total / shard
-    largest = max(u.params for u in units)
+    if s.root_on_gpu:  # bf16 embedding, final norm and head, all step
+        state += 2 * step.root_params
+    streamed = [u for u in units if not (s.root_on_gpu and u.kind in ROOT_KINDS)]
+    largest = max(u.params for u in streamed)
     window = PEER_WINDOW * largest
-    # Gathered layers: each rank's fp32/bf16 shard copied in plus the unsharded bf16 weights it computes with.
-    gathered = window * (s.fetch_h2d_bytes / step.n + s.gathered_bytes) if (s.shards_weights or s.fetch_h2d_bytes) \
-        else 0.0
+    # Gathered layers: each rank's fp32/bf16 shard copied in plus the unsharded bf16 weights it computes with;
+    # or the system's own preallocated buffers, each sized for the largest streamed unit.
+    if s.gpu_buffer_bytes:
+        gathered = s.gpu_buffer_bytes * largest
+    elif s.streams_weights:
+        gathered = window * (s.fetch_h2d_bytes / step.n + s.gathered_bytes)
+    else:
+        gathered = 0.0
     cache = 2 * total if s.autocast_cache else 0.0
-    forward = activation_bytes(w) + loss_bytes(w) + gathered + cache
+    forward = _activations(step) + _loss(step) + gathered + cache
     tied = 4 * m.embedding_params if m.tied_embeddings else 0.0
-    if s.offloads_gradients:
+    if s.gpu_buffer_bytes:  # the system's buffers hold its gradients in flight as well (gpu_buffer_bytes)
+        buffers = 0.0
+    elif s.offloads_gradients:
         # bf16 gradients of the layers in flight, their reduced fp32 copy before the D2H, a bf16 bucket where used.
         buffers = window * (2 + s.grad_collective_bytes) + 2 * s.grad_bucket_params
     else:
         buffers = s.gpu_grad_bytes * total / shard + window * 2
     backward = buffers + tied + (gathered if s.refetch_in_backward else 0.0)
+    host_buffers = 0.0
+    if s.checkpoints_on_host:  # every decoder layer's input, pinned
+        host_buffers += m.layers * m.checkpoint_bytes_per_token() * w.tokens_per_rank
+    if s.cast_on_fetch:  # the bf16 staging buffer and the gradient buffers, each sized for the largest unit
+        host_buffers += 2 * (1 + max(s.grad_buffers, 1)) * largest
     return PeerMemory(gpu_state=state, gpu_forward=forward, gpu_backward=backward,
                       gpu_reserve=w.hw.gpu.reserve_gib * GIB, host_state=s.host_state_bytes * total, params=total,
-                      host_overhead=s.host_overhead_bytes * total)
+                      host_overhead=s.host_overhead_bytes * total, host_buffers=host_buffers)

@@ -4,10 +4,13 @@ The order is what the peers do: forward layer by layer, each layer's weights fet
 at most ``PEER_WINDOW`` layers ahead; backward in reverse, re-fetching where the system reshards, each layer's
 gradient reduced over the ranks and copied to the host as soon as it is computed, a layer's gradient buffer reused
 ``PEER_WINDOW`` layers later (or, where the system's offload runs in series with backward, ``serial_grad_copy``,
-the next layer's backward waiting for this one's reduction, GPU passes, host reads and copy); then the optimizer,
-which none of the peers overlaps with compute: on the CPU after the whole backward (clip passes, AdamW, the bf16
-cast and the copy of the new weights back to the GPUs where the system keeps weights there), or fused AdamW on each
-GPU. Byte counts come from :class:`~slidedp.peers.step.PeerStep`.
+the next layer's backward waiting for this one's reduction, GPU passes, host reads and copy); then the optimizer:
+on the CPU after the whole backward (clip passes, AdamW, the bf16 cast and the copy of the new weights back to the
+GPUs where the system keeps weights there), or fused AdamW on each GPU; or, for a system that updates per unit
+(SlideFormer), each unit's CPU AdamW as soon as its gradient has landed, overlapping the rest of backward, its
+gradient copy waiting for the buffer it reuses. Systems that keep checkpoints on the host copy each decoder layer's
+input out after its forward and back before its backward (at most ``PEER_WINDOW`` layers ahead). Byte counts come
+from :class:`~slidedp.peers.step.PeerStep`.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ class _PeerBuilder:
         self.fwd: dict[tuple[int, int], int] = {}
         self.bwd: dict[tuple[int, int], int] = {}
         self.grad_done: dict[tuple[int, int], int] = {}
+        self.unit_update: dict[tuple[int, int], int] = {}
+        self.ckpt_out: dict[tuple[int, int], int] = {}
         self._groups = 0
 
     def _group(self) -> int:
@@ -43,21 +48,27 @@ class _PeerBuilder:
                              host_bytes=nbytes * usage.get("hostmem", 0.0), deps=deps, usage=usage,
                              cap=w.collective_cap(), latency=w.link_latency, group=group, **where)
 
-    def _h2d(self, r: int, nbytes: float, deps: list[int], **where) -> int:
-        w = self.w
-        return self.plan.add(op="h2d_param", rank=r, stream=f"h2d[{r}]", resource=f"h2d[{r}]", amount=nbytes,
-                             flops=0.0, host_bytes=nbytes, deps=deps, usage=dma_usage(w.hw, r, "h2d"),
-                             latency=w.pcie_latency, **where)
+    def _h2d(self, r: int, nbytes: float, deps: list[int], fetch: bool = False, op: str = "h2d_param",
+             **where) -> int:
+        """A host-to-GPU copy; a weight ``fetch`` also carries the CPU cast that feeds it where the system casts on
+        fetch (its DRAM bytes on the copy's, its rate as the copy's cap)."""
+        w, step = self.w, self.step
+        usage = dma_usage(w.hw, r, "h2d")
+        per_byte = step.fetch_host_per_byte() if fetch else 1.0
+        usage["hostmem"] = per_byte
+        return self.plan.add(op=op, rank=r, stream=f"h2d[{r}]", resource=f"h2d[{r}]", amount=nbytes, flops=0.0,
+                             host_bytes=nbytes * per_byte, deps=deps, usage=usage,
+                             cap=step.fetch_cap() if fetch else float("inf"), latency=w.pcie_latency, **where)
 
-    def fetch(self, u: int, window_dep) -> dict[int, list[int]]:
+    def fetch(self, u: int, window_dep, backward: bool = False) -> dict[int, list[int]]:
         """Copy each rank's shard of unit ``u`` from the host and/or all-gather it; the ops compute waits on."""
         step = self.step
         ready: dict[int, list[int]] = {r: [] for r in range(self.n)}
-        h2d_bytes, ag_bytes = step.h2d_fetch_bytes(u), step.allgather_bytes(u)
+        h2d_bytes, ag_bytes = step.h2d_fetch_bytes(u, backward), step.allgather_bytes(u)
         for r in range(self.n):
             deps = [d for d in (window_dep(r),) if d is not None]
             if h2d_bytes > 0:
-                ready[r] = [self._h2d(r, h2d_bytes, deps, unit=u, chunk=-1)]
+                ready[r] = [self._h2d(r, h2d_bytes, deps, fetch=True, unit=u, chunk=-1)]
             elif ag_bytes > 0:
                 ready[r] = deps
         if ag_bytes > 0:
@@ -75,24 +86,33 @@ class _PeerBuilder:
                 self.fwd[(u, r)] = self.plan.add(op="fwd", rank=r, stream=f"gpu[{r}]", resource=f"gpu[{r}]", unit=u,
                                                  chunk=-1, amount=unit.fwd_s, flops=unit.fwd_flops, host_bytes=0.0,
                                                  deps=ready[r])
+                ckpt = self.step.checkpoint_bytes(u)
+                if ckpt > 0:
+                    self.ckpt_out[(u, r)] = self.plan.add(
+                        op="d2h_ckpt", rank=r, stream=f"d2h[{r}]", resource=f"d2h[{r}]", unit=u, chunk=-1,
+                        amount=ckpt, flops=0.0, host_bytes=ckpt, deps=[self.fwd[(u, r)]],
+                        usage=dma_usage(self.w.hw, r, "d2h"), latency=self.w.pcie_latency)
 
     def backward(self) -> None:
-        step, w = self.step, self.w
+        step = self.step
         serial = step.system.serial_grad_copy is not None
         for u in range(self.count - 1, -1, -1):
             later = u + PEER_WINDOW
             ready = ({r: [] for r in range(self.n)} if not step.fetches(u, backward=True)
-                     else self.fetch(u, lambda r, later=later: self.bwd.get((later, r))))
-            unit = w.units[u]
+                     else self.fetch(u, lambda r, later=later: self.bwd.get((later, r)), backward=True))
+            seconds, flops = step.backward_s(u)
+            ckpt = step.checkpoint_bytes(u)
             for r in range(self.n):
                 deps = list(ready[r])
                 if (later, r) in self.grad_done:  # that layer's gradient buffer must have been reduced / copied out
                     deps.append(self.grad_done[(later, r)])
                 if serial and (u + 1, r) in self.grad_done:  # the previous unit's gradient is on the host first
                     deps.append(self.grad_done[(u + 1, r)])
+                if ckpt > 0:  # the layer's input comes back from the host, at most PEER_WINDOW layers ahead
+                    window = [d for d in (self.bwd.get((later, r)),) if d is not None]
+                    deps.append(self._h2d(r, ckpt, [self.ckpt_out[(u, r)], *window], op="h2d_ckpt", unit=u, chunk=-1))
                 self.bwd[(u, r)] = self.plan.add(op="bwd", rank=r, stream=f"gpu[{r}]", resource=f"gpu[{r}]", unit=u,
-                                                 chunk=-1, amount=unit.bwd_s, flops=unit.bwd_flops, host_bytes=0.0,
-                                                 deps=deps)
+                                                 chunk=-1, amount=seconds, flops=flops, host_bytes=0.0, deps=deps)
             self.gradient_out(u)
 
     def gradient_out(self, u: int) -> None:
@@ -106,19 +126,31 @@ class _PeerBuilder:
                 done[r] = self._collective(op, r, u, nbytes, [done[r]], group, "rs")
         d2h = step.d2h_grad_bytes(u)
         sync_s = step.grad_sync_s(u)
+        per_unit = step.system.update_per_unit
+        buffers = step.system.grad_buffers
         for r in range(self.n):
             if sync_s > 0:  # the unit's GPU passes and host reads before its copy, on the offload's own chain
                 done[r] = self.plan.add(op=GRAD_SYNC_OP, rank=r, stream=f"d2h[{r}]", resource=f"gpu[{r}]", unit=u,
                                         chunk=-1, amount=sync_s, flops=0.0, host_bytes=0.0, deps=[done[r]])
             if d2h > 0:
+                deps = [done[r]]
+                if per_unit and buffers and (u + buffers, r) in self.unit_update:  # its host buffer is free again
+                    deps.append(self.unit_update[(u + buffers, r)])
                 done[r] = self.plan.add(op="d2h_grad", rank=r, stream=f"d2h[{r}]", resource=f"d2h[{r}]", unit=u,
                                         chunk=-1, amount=d2h, flops=0.0, host_bytes=d2h,
-                                        deps=[done[r]], usage=dma_usage(w.hw, r, "d2h"), latency=w.pcie_latency)
+                                        deps=deps, usage=dma_usage(w.hw, r, "d2h"), latency=w.pcie_latency)
             self.grad_done[(u, r)] = done[r]
+            if per_unit:
+                nbytes = step.unit_adam_bytes(u)
+                self.unit_update[(u, r)] = self.plan.add(
+                    op="adam", rank=r, stream=f"cpu[{r}]", resource=f"cpu[{r}]", unit=u, chunk=-1, amount=nbytes,
+                    flops=0.0, host_bytes=nbytes, deps=[done[r]], usage={"hostmem": 1.0}, cap=step.adam_cap())
 
     def optimizer(self) -> None:
         """After the whole backward of every rank (the global gradient norm needs all of it)."""
         step, plan = self.step, self.plan
+        if step.system.update_per_unit:  # every unit's update is already in the plan, behind its gradient
+            return
         backward_end = [self.grad_done[(u, r)] for u in range(self.count) for r in range(self.n)]
         backward_end += [plan.streams[f"gpu[{r}]"][-1] for r in range(self.n)]
         if not step.system.updates_on_cpu:

@@ -69,20 +69,48 @@ class PeerStep:
     """``system`` running workload ``w``: bytes per unit per rank and the step's totals."""
 
     def __init__(self, system: PeerSystem, w: StepWorkload):
+        if system.single_gpu and w.ranks > 1:
+            raise SlideDPError(f"{system.name} is modelled on one GPU only, not {w.ranks}")
         self.system, self.w = system, w
         self.n = w.ranks
 
     # ---- which units move --------------------------------------------------------------------------------
     def fetches(self, u: int, backward: bool) -> bool:
         """Unit ``u`` is fetched (copied from the host and/or gathered) before this pass."""
-        s = self.system
-        if not (s.shards_weights or s.fetch_h2d_bytes):
+        s, kind = self.system, self.w.units[u].kind
+        if not s.streams_weights or (s.root_on_gpu and kind in ROOT_KINDS):
             return False
-        return not backward or (s.refetch_in_backward and self.w.units[u].kind not in ROOT_KINDS)
+        return not backward or (s.refetch_in_backward and kind not in ROOT_KINDS)
 
     # ---- per unit, per rank ------------------------------------------------------------------------------
-    def h2d_fetch_bytes(self, u: int) -> float:
-        return self.system.fetch_h2d_bytes * self.w.units[u].params / self.n
+    def h2d_fetch_bytes(self, u: int, backward: bool = False) -> float:
+        """Bytes one rank copies from the host for unit ``u`` before a pass (every copy of the pass together)."""
+        copies = self.system.backward_fetches if backward else 1
+        return copies * self.system.fetch_h2d_bytes * self.w.units[u].params / self.n
+
+    def fetch_host_per_byte(self) -> float:
+        """DRAM bytes per byte a fetch copies: the DMA's read, plus the fp32 -> bf16 cast that produces it where
+        the system casts on fetch (CAST_HOST_BYTES per element of ``fetch_h2d_bytes``)."""
+        s = self.system
+        return 1.0 + (CAST_HOST_BYTES / s.fetch_h2d_bytes if s.cast_on_fetch else 0.0)
+
+    def fetch_cap(self) -> float:
+        """Bytes/s a fetch can copy: the CPU cast that feeds it where the system casts on fetch, else unbounded."""
+        if not self.system.cast_on_fetch:
+            return float("inf")
+        return self.w.hw.host.cast_rate(self.w.adam_threads) * self.system.fetch_h2d_bytes
+
+    def backward_s(self, u: int) -> tuple[float, float]:
+        """Seconds and FLOPs of unit ``u``'s backward, with the extra forwards a decoder layer reruns."""
+        unit = self.w.units[u]
+        extra = self.system.backward_extra_forwards if unit.kind == "layer" else 0
+        return unit.bwd_s + extra * unit.fwd_s, unit.bwd_flops + extra * unit.fwd_flops
+
+    def checkpoint_bytes(self, u: int) -> float:
+        """Bytes of unit ``u``'s checkpoint a rank copies to the host after forward (and back before backward)."""
+        if not (self.system.checkpoints_on_host and self.w.units[u].kind == "layer"):
+            return 0.0
+        return self.w.model.checkpoint_bytes_per_token() * self.w.tokens_per_rank
 
     def allgather_bytes(self, u: int) -> float:
         return self._gather_factor(self.system.gathered_bytes) * self.w.units[u].params
@@ -92,6 +120,10 @@ class PeerStep:
 
     def d2h_grad_bytes(self, u: int) -> float:
         return self.system.grad_d2h_bytes * self.w.units[u].params / self.n
+
+    def unit_adam_bytes(self, u: int) -> float:
+        """DRAM bytes of unit ``u``'s update where the system updates per unit (one GPU: its whole unit)."""
+        return self.adam_bytes_per_param * self.w.units[u].params
 
     # ---- per rank, after backward ----------------------------------------------------------------------------
     @property
@@ -103,8 +135,26 @@ class PeerStep:
 
     @property
     def adam_bytes_per_param(self) -> float:
-        """DRAM bytes of one parameter's CPU AdamW: read p, m, v and the fp32 gradient, write p, m, v."""
-        return ADAM_HOST_BYTES_BASE + self.system.grad_d2h_bytes
+        """DRAM bytes of one parameter's CPU AdamW: read p, m, v and the gradient, write p, m, v (p in
+        ``master_bytes``; ADAM_HOST_BYTES_BASE counts an fp32 p)."""
+        s = self.system
+        return ADAM_HOST_BYTES_BASE - 2 * (4 - s.master_bytes) + s.grad_d2h_bytes
+
+    @property
+    def root_params(self) -> int:
+        """Parameters of the embedding, final norm and head (the units outside the decoder layers)."""
+        m = self.w.model
+        return m.total_params - m.layers * m.layer_params
+
+    @property
+    def cast_params(self) -> float:
+        """Parameters the pass after the update covers: those the GPU streams from a host copy."""
+        return self.params_per_rank - (self.root_params if self.system.root_on_gpu else 0)
+
+    @property
+    def writeback_params(self) -> float:
+        """Parameters copied back to the GPUs after the update: the GPU-resident root units, or all of them."""
+        return self.root_params if self.system.writeback_root_only else self.params_per_rank
 
     def clip_host_bytes(self) -> float:
         return self.system.clip_host_bytes * self.params_per_rank
@@ -113,10 +163,10 @@ class PeerStep:
         return self.adam_bytes_per_param * self.params_per_rank if self.system.updates_on_cpu else 0.0
 
     def cast_host_bytes(self) -> float:
-        return CAST_HOST_BYTES * self.params_per_rank if self.system.cast_after_step else 0.0
+        return self.system.cast_bytes * self.cast_params if self.system.cast_after_step else 0.0
 
     def writeback_h2d_bytes(self) -> float:
-        return self.system.writeback_h2d_bytes * self.params_per_rank
+        return self.system.writeback_h2d_bytes * self.writeback_params
 
     def writeback_allgather_bytes(self) -> float:
         return self._gather_factor(self.system.writeback_h2d_bytes) * self.w.model.total_params
@@ -134,7 +184,7 @@ class PeerStep:
         return self.w.hw.host.peer_adam_rate(self.system.cpu_adam, self.w.adam_threads) * self.adam_bytes_per_param
 
     def cast_cap(self) -> float:
-        return self.w.hw.host.cast_rate(self.w.adam_threads) * CAST_HOST_BYTES
+        return self.w.hw.host.cast_rate(self.w.adam_threads) * self.system.cast_bytes
 
     def gpu_adam_s(self) -> float:
         if self.system.updates_on_cpu:
@@ -187,15 +237,23 @@ class PeerStep:
         gradient offload's passes also their seconds."""
         s, w, n, m = self.system, self.w, self.n, self.w.model
         total = m.total_params
-        refetched = m.layers * m.layer_params if s.refetch_in_backward else 0
-        fetched = total + refetched
+        refetched = m.layers * m.layer_params * s.backward_fetches if s.refetch_in_backward else 0
+        fetched = total - (self.root_params if s.root_on_gpu else 0) + refetched
+        layer_fwd_flops = sum(u.fwd_flops for u in w.units if u.kind == "layer")
         out: dict[str, dict[str, float]] = {
             "fwd": {"bytes": 0.0, "host_bytes": 0.0, "flops": n * sum(u.fwd_flops for u in w.units)},
-            "bwd": {"bytes": 0.0, "host_bytes": 0.0, "flops": n * sum(u.bwd_flops for u in w.units)},
+            "bwd": {"bytes": 0.0, "host_bytes": 0.0, "flops": n * (sum(u.bwd_flops for u in w.units)
+                                                                   + s.backward_extra_forwards * layer_fwd_flops)},
         }
-        h2d = s.fetch_h2d_bytes * fetched + s.writeback_h2d_bytes * total
-        if h2d:
-            out["h2d_param"] = {"bytes": h2d, "host_bytes": h2d, "flops": 0.0}
+        fetch = s.fetch_h2d_bytes * fetched
+        writeback = s.writeback_h2d_bytes * n * self.writeback_params
+        if fetch + writeback:
+            host = fetch * self.fetch_host_per_byte() + writeback
+            out["h2d_param"] = {"bytes": fetch + writeback, "host_bytes": host, "flops": 0.0}
+        if s.checkpoints_on_host:
+            ckpt = n * m.layers * m.checkpoint_bytes_per_token() * w.tokens_per_rank
+            out["d2h_ckpt"] = {"bytes": ckpt, "host_bytes": ckpt, "flops": 0.0}
+            out["h2d_ckpt"] = {"bytes": ckpt, "host_bytes": ckpt, "flops": 0.0}
         gather = n * (self._gather_factor(s.gathered_bytes) * fetched
                       + self._gather_factor(s.writeback_h2d_bytes) * total)
         if gather:
@@ -209,8 +267,8 @@ class PeerStep:
         if s.serial_grad_copy is not None:  # fixed-duration GPU passes: seconds, no flow bytes
             out[GRAD_SYNC_OP] = {"bytes": 0.0, "host_bytes": 0.0, "flops": 0.0, "seconds": n * self.grad_sync_total_s()}
         cpu = {"clip": s.clip_host_bytes * total,
-               "adam": (ADAM_HOST_BYTES_BASE + s.grad_d2h_bytes) * total if s.updates_on_cpu else 0.0,
-               "cast": CAST_HOST_BYTES * total if s.cast_after_step else 0.0}
+               "adam": self.adam_bytes_per_param * total if s.updates_on_cpu else 0.0,
+               "cast": s.cast_bytes * n * self.cast_params if s.cast_after_step else 0.0}
         for op, nbytes in cpu.items():
             if nbytes:
                 out[op] = {"bytes": nbytes, "host_bytes": nbytes, "flops": 0.0}

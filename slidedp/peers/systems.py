@@ -24,6 +24,23 @@ What each spec encodes (``benchmarks/peer_systems.py`` is what was measured):
   all-gather per layer in forward and backward, fp32 reduce-scatter, torch's fused AdamW on each shard.
 - ``ddp-resident``: every GPU holds fp32 weights, gradients and moments (bf16 autocast), all-reduces fp32 gradients
   and runs fused AdamW on the whole model; on one GPU this is plain training, the measured "resident" system.
+- ``slideformer``: SlideFormer (github RegiaYoung/SlideFormer, ``multi_gpu/`` at one GPU; benchmarks/peer_sources.md
+  says what was read). fp32 master and fp32 moments on the host; before each layer's forward and again before its
+  backward the host casts the fp32 master to a pinned bf16 staging buffer in 32M-element chunks interleaved with
+  the bf16 copy to the GPU; each decoder layer's input (its checkpoint) is copied to pinned host memory after its
+  forward and back before its backward; each layer's bf16 gradient is copied to one of two pinned host buffers
+  (``--double-buffer``) and the CPU Adam of that layer runs as soon as its chunks land, while the GPU computes the
+  next layers' backward; a layer's gradient copy waits until the update two layers later has freed its buffer.
+  No global clipping (each layer updates before the whole gradient exists) and no gradient accumulation.
+- ``megatrain``: MegaTrain (github DLYuanGod/MegaTrain, package ``infinity``, one GPU). bf16 parameters on the host
+  with no fp32 master (fp32 moments, DeepSpeedCPUAdam on bf16 weights), a pinned bf16 copy of every decoder layer
+  that the GPU copies from; embedding, final norm and head stay on the GPU. Forward streams each layer once
+  (double-buffered); backward, per block of ``checkpoint_interval`` layers, streams each layer twice (a recompute
+  pass from the block's checkpoint, then a forward with autograd and its backward), so each decoder layer runs
+  three forwards and one backward; bf16 gradients go to pinned slabs and are copied into bf16 ``.grad`` on the
+  host. After backward: torch ``clip_grad_norm_`` over the CPU gradients, DeepSpeedCPUAdam, a copy of the updated
+  weights into the pinned layer copies and of the embedding / norm / head to the GPU. The loss keeps every
+  128-token chunk's log-probabilities until its backward (no per-chunk recompute).
 """
 
 from __future__ import annotations
@@ -32,6 +49,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from slidedp.errors import SlideDPError
+from slidedp.resources import CAST_HOST_BYTES
 
 # Keys of HostSpec.peer_adam_gparams_per_s: the CPU optimizer-phase implementations the peers run (G params/s).
 TORCH_ADAMW_FUSED = "torch_adamw_fused"
@@ -40,6 +58,15 @@ DEEPSPEED_CPU_ADAM = "deepspeed_cpu_adam"
 # 2.0 s for Qwen3-4B's 4.0 G parameters (benchmarks/RESULTS.md), 3x what 12 B/param at the host's streaming rate
 # gives, so it is a measured rate of its own rather than DRAM bytes at SlideDP's streaming rate.
 TORCH_CLIP_GRAD_NORM = "torch_clip_grad_norm"
+# SlideFormer's own CPU Adam extension (optimizer/layer_adam: C++ adapted from DeepSpeed's, JIT-built with
+# -march=native, run per layer from one update thread): a kernel of its own, so a rate of its own. Not yet timed
+# on any host: a profile without it makes the slideformer system refuse rather than borrow DeepSpeed's rate.
+SLIDEFORMER_CPU_ADAM = "slideformer_cpu_adam"
+# MegaTrain's optimizer phase over bf16 tensors (bf16 weights and gradients, fp32 moments): DeepSpeedCPUAdam and
+# torch's clip_grad_norm_ on other dtypes than the measured ZeRO-2 / FSDP2 ones (fp32), so rates of their own
+# (calibration.peer_bench times them on request); without them the megatrain system refuses.
+DEEPSPEED_CPU_ADAM_BF16 = "deepspeed_cpu_adam_bf16"
+TORCH_CLIP_GRAD_NORM_BF16 = "torch_clip_grad_norm_bf16"
 
 # reduce_bucket_size of the measured DeepSpeed runs (benchmarks/peer_systems.py).
 ZERO_BUCKET_PARAMS = 200_000_000
@@ -145,6 +172,30 @@ class PeerSystem:
     host_overhead_bytes: float = 0.0
     # The gradient offload runs in series with backward (see SerialGradCopy); None: it overlaps the compute.
     serial_grad_copy: SerialGradCopy | None = None
+    # The layer-streaming peers (SlideFormer, MegaTrain), each stated from its code (benchmarks/peer_sources.md):
+    single_gpu: bool = False  # modelled on one GPU only (their multi-GPU modes reduce on the CPU, not modelled)
+    backward_fetches: int = 1  # copies of each decoder layer in backward, where refetch_in_backward
+    backward_extra_forwards: int = 0  # forwards per decoder layer in backward beyond the workload's one recompute
+    root_on_gpu: bool = False  # embedding, final norm and head stay on the GPU in bf16, never fetched
+    cast_on_fetch: bool = False  # each fetch casts the fp32 master to bf16 on the CPU, interleaved with its copy
+    update_per_unit: bool = False  # CPU AdamW of a unit as soon as its gradient lands, overlapping backward
+    grad_buffers: int = 0  # host gradient buffers a per-unit update cycles through (0: one per unit)
+    checkpoints_on_host: bool = False  # each decoder layer's input goes D2H after forward, H2D before backward
+    master_bytes: int = 4  # element size of the host weights AdamW updates (2: bf16, no fp32 master)
+    cast_bytes: int = CAST_HOST_BYTES  # DRAM bytes per parameter of the pass after the update (cast_after_step)
+    writeback_root_only: bool = False  # the copy back after the update moves only the GPU-resident root units
+    checkpoint_interval: int = 1  # decoder layers per activation checkpoint (their recompute cache is on the GPU)
+    loss_keeps_logits: bool = False  # every chunk's bf16 log-probabilities live until the loss's backward
+    loss_chunk_tokens: int = 0  # tokens per chunk of such a loss
+    # Bytes per parameter of the largest streamed unit in the system's preallocated GPU buffers, weights and
+    # gradients in flight together (SlideFormer: 3 cache units of bf16 weights + bf16 gradients; MegaTrain: 2 flat
+    # bf16 buffers, 2 bf16 layer templates and the bf16 gradients of the layers whose copy is in flight).
+    gpu_buffer_bytes: int = 0
+
+    @property
+    def streams_weights(self) -> bool:
+        """Weights are fetched to the GPU per unit (from the host and/or by all-gather from the ranks)."""
+        return self.shards_weights or self.fetch_h2d_bytes > 0
 
     @property
     def shards_weights(self) -> bool:
@@ -208,6 +259,24 @@ SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
         optimizer="gpu", cpu_adam=None, clip_host_bytes=0, cast_after_step=False, writeback_h2d_bytes=0,
         gpu_weight_bytes=4, gpu_moment_bytes=8, gpu_grad_bytes=4, gpu_state_sharded=False, autocast_cache=True,
         host_state_bytes=0),
+    PeerSystem(
+        name="slideformer", summary="SlideFormer: layer streaming, per-layer CPU Adam overlapping backward",
+        fetch_h2d_bytes=2, gathered_bytes=0, refetch_in_backward=True,
+        grad_collective="reduce_scatter", grad_collective_bytes=0, grad_d2h_bytes=2,
+        optimizer="cpu", cpu_adam=SLIDEFORMER_CPU_ADAM, clip_host_bytes=0, cast_after_step=False,
+        writeback_h2d_bytes=0, gpu_weight_bytes=0, gpu_moment_bytes=0, gpu_grad_bytes=0, gpu_state_sharded=False,
+        autocast_cache=False, host_state_bytes=12, single_gpu=True, cast_on_fetch=True, update_per_unit=True,
+        grad_buffers=2, checkpoints_on_host=True, gpu_buffer_bytes=3 * (2 + 2)),
+    PeerSystem(
+        name="megatrain", summary="MegaTrain: bf16 weights on the host, DeepSpeedCPUAdam after backward",
+        fetch_h2d_bytes=2, gathered_bytes=0, refetch_in_backward=True,
+        grad_collective="reduce_scatter", grad_collective_bytes=0, grad_d2h_bytes=2,
+        optimizer="cpu", cpu_adam=DEEPSPEED_CPU_ADAM_BF16, clip_host_bytes=6, cast_after_step=True,
+        writeback_h2d_bytes=2, gpu_weight_bytes=0, gpu_moment_bytes=0, gpu_grad_bytes=0, gpu_state_sharded=False,
+        autocast_cache=False, host_state_bytes=14, cpu_clip=TORCH_CLIP_GRAD_NORM_BF16, single_gpu=True,
+        backward_fetches=2, backward_extra_forwards=1, root_on_gpu=True, master_bytes=2, cast_bytes=4,
+        writeback_root_only=True, checkpoint_interval=4, loss_keeps_logits=True, loss_chunk_tokens=128,
+        gpu_buffer_bytes=2 * (2 + 2 + 2)),
 )}
 
 SYSTEM_NAMES: tuple[str, ...] = (SLIDEDP, *SYSTEMS)

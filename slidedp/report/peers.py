@@ -13,11 +13,12 @@ import json
 import math
 from pathlib import Path
 
-SYSTEMS = ("slidedp", "slidedp-host", "fsdp2-offload", "deepspeed-offload", "resident")
+SYSTEMS = ("slidedp", "slidedp-host", "fsdp2-offload", "deepspeed-offload", "resident", "slideformer", "megatrain")
 OURS = ("slidedp", "slidedp-host")  # tuned freely; tuned with every optimizer state on the host
 PEERS = tuple(s for s in SYSTEMS if s not in OURS)
 COLORS = {"slidedp": "tab:blue", "slidedp-host": "tab:cyan", "fsdp2-offload": "tab:orange",
-          "deepspeed-offload": "tab:green", "resident": "tab:red"}
+          "deepspeed-offload": "tab:green", "resident": "tab:red", "slideformer": "tab:purple",
+          "megatrain": "tab:brown"}
 TITLE = "Full-parameter training throughput on one H200: SlideDP, offloading peers, GPU-resident"
 
 

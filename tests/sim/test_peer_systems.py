@@ -11,11 +11,19 @@ from slidedp.errors import SlideDPError
 from slidedp.hardware import load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.peers import SYSTEMS, PeerStep, build_peer_plan, peer_step, peer_workload, simulate_peer
-from slidedp.peers.systems import DEEPSPEED_CPU_ADAM, TORCH_ADAMW_FUSED, TORCH_CLIP_GRAD_NORM
+from slidedp.peers.systems import (
+    DEEPSPEED_CPU_ADAM,
+    DEEPSPEED_CPU_ADAM_BF16,
+    SLIDEFORMER_CPU_ADAM,
+    TORCH_ADAMW_FUSED,
+    TORCH_CLIP_GRAD_NORM,
+    TORCH_CLIP_GRAD_NORM_BF16,
+)
 from tests.builders import free_machine, tiny_model, with_gpu, with_host, with_link
 
 RATES = {TORCH_ADAMW_FUSED: {1: 1.0, 8: 4.0}, DEEPSPEED_CPU_ADAM: {1: 1.5, 8: 5.0},
-         TORCH_CLIP_GRAD_NORM: {1: 2.0, 8: 8.0}}
+         TORCH_CLIP_GRAD_NORM: {1: 2.0, 8: 8.0}, SLIDEFORMER_CPU_ADAM: {1: 1.2, 8: 4.5},
+         DEEPSPEED_CPU_ADAM_BF16: {1: 1.8, 8: 6.0}, TORCH_CLIP_GRAD_NORM_BF16: {1: 1.0, 8: 3.0}}
 
 
 def machine(gpus: int = 1, link: str = "nvlink", rates: dict | None = None):
@@ -29,7 +37,8 @@ def machine(gpus: int = 1, link: str = "nvlink", rates: dict | None = None):
 
 
 CASES = [(name, gpus, link, tied) for name in SYSTEMS for gpus, link, tied in
-         ((1, "nvlink", False), (2, "nvlink", True), (4, "host", False), (3, "nvlink", False))]
+         ((1, "nvlink", False), (2, "nvlink", True), (4, "host", False), (3, "nvlink", False), (1, "host", True))
+         if gpus == 1 or not SYSTEMS[name].single_gpu]
 
 
 @pytest.mark.parametrize("name, gpus, link, tied", CASES, ids=lambda v: str(v))
@@ -50,7 +59,8 @@ def test_closed_forms_are_the_documented_bytes_per_parameter():
     weights back; DDP all-reduces fp32 gradients (2 (N-1)/N x 4 B per rank)."""
     model = tiny_model(layers=6)
     p, layers = model.total_params, model.layers * model.layer_params
-    totals = {name: peer_step(name, model, machine(4), 256, 4).closed_form_totals() for name in SYSTEMS}
+    totals = {name: peer_step(name, model, machine(4), 256, 4).closed_form_totals() for name in SYSTEMS
+              if not SYSTEMS[name].single_gpu}
     assert totals["fsdp2-offload"]["h2d_param"]["bytes"] == pytest.approx(4 * (p + layers))
     assert totals["fsdp2-offload"]["d2h_grad"]["bytes"] == pytest.approx(4 * p)
     assert totals["fsdp2-offload"]["adam"]["host_bytes"] == pytest.approx(28 * p)
@@ -95,14 +105,14 @@ def test_gpu_resident_step_is_its_compute_plus_the_gpu_update():
 @pytest.mark.parametrize("name", list(SYSTEMS))
 def test_faster_resources_never_slow_a_peer(name):
     model = tiny_model(layers=5)
-    base = machine(2)
+    base = machine(1 if SYSTEMS[name].single_gpu else 2)
     faster = [
         with_host(base, peer_adam_gparams_per_s={k: {t: 3 * r for t, r in c.items()} for k, c in RATES.items()}),
         with_host(base, mem_bw_gbps=400.0), with_gpu(base, h2d_gbps=100.0, d2h_gbps=100.0, duplex_gbps=200.0),
         with_gpu(base, matmul_tflops=200.0, attention_tflops=200.0), with_link(base, bw_gbps=300.0),
     ]
     t0 = simulate_peer(peer_step(name, model, base, 512, 4)).step_time_s
-    for hw in faster:
+    for hw in [*faster, with_host(base, cast_gelems_per_s={1: 20.0, 8: 80.0})]:
         assert simulate_peer(peer_step(name, model, hw, 512, 4)).step_time_s <= t0 * (1 + 0.01)
 
 
@@ -158,3 +168,80 @@ def test_host_memory_of_the_offloading_peers_includes_what_they_were_measured_to
     assert zero2.host_total_gib() == pytest.approx(115.9 - 1.6, rel=0.01)  # the measured RSS less the baseline
     big = estimate_peer_memory(peer_step("zero2-offload", load_model_spec("qwen3-14b"), hw, 4096, 1))
     assert big.shortfalls(1e15, hw.host.memory_gib * 2**30)
+
+
+def test_layer_streaming_peers_move_the_bytes_their_code_moves():
+    """Per parameter and step (benchmarks/peer_sources.md): SlideFormer copies bf16 weights in for forward and
+    again for each decoder layer's backward, each copy fed by a CPU cast of the fp32 master (6 DRAM bytes per
+    element on top of the copy's 2), bf16 gradients out, every decoder layer's input out and back, and its CPU Adam
+    reads a bf16 gradient beside fp32 p, m, v (26 B); no clip. MegaTrain copies each decoder layer in three times
+    (forward, the block's recompute, the forward with autograd) and never the GPU-resident embedding and head, which
+    it copies back after the update; its AdamW updates bf16 weights (22 B), its clip reads and scales bf16
+    gradients (6 B), and the pinned copies of the decoder layers are refreshed (4 B); each layer runs one extra
+    forward in backward."""
+    model = tiny_model(layers=6, tied=False)
+    p, layers = model.total_params, model.layers * model.layer_params
+    root = p - layers
+    sf = peer_step("slideformer", model, machine(1), 256, 2)
+    ckpt = model.layers * model.checkpoint_bytes_per_token() * 256 * 2
+    t = sf.closed_form_totals()
+    assert t["h2d_param"]["bytes"] == pytest.approx(2 * (p + layers))
+    assert t["h2d_param"]["host_bytes"] == pytest.approx(4 * 2 * (p + layers))
+    assert t["d2h_grad"]["bytes"] == pytest.approx(2 * p)
+    assert t["adam"]["host_bytes"] == pytest.approx(26 * p)
+    assert t["d2h_ckpt"]["bytes"] == t["h2d_ckpt"]["bytes"] == pytest.approx(ckpt)
+    assert not {"clip", "cast"} & set(t)
+    mt = peer_step("megatrain", model, machine(1), 256, 2)
+    t = mt.closed_form_totals()
+    assert t["h2d_param"]["bytes"] == pytest.approx(2 * 3 * layers + 2 * root)
+    assert t["adam"]["host_bytes"] == pytest.approx(22 * p)
+    assert t["clip"]["host_bytes"] == pytest.approx(6 * p)
+    assert t["cast"]["host_bytes"] == pytest.approx(4 * layers)
+    layer_fwd = sum(u.fwd_flops for u in mt.w.units if u.kind == "layer")
+    assert t["bwd"]["flops"] == pytest.approx(sum(u.bwd_flops for u in mt.w.units) + layer_fwd)
+    assert "d2h_ckpt" not in t
+
+
+def test_slideformer_updates_each_layer_during_backward_and_reuses_two_gradient_buffers():
+    step = peer_step("slideformer", tiny_model(layers=6), machine(1), 512, 2)
+    trace = simulate_peer(step).trace
+    adam, bwd, d2h = (trace[trace.op == op].set_index("unit") for op in ("adam", "bwd", "d2h_grad"))
+    assert len(adam) == step.w.num_units
+    assert adam.start_s.min() < bwd.end_s.max()  # the first updates run while backward goes on
+    for u in d2h.index:
+        assert adam.loc[u, "start_s"] >= d2h.loc[u, "end_s"] - 1e-12
+        if u + 2 in adam.index:  # its host buffer is the one the update two units later read
+            assert d2h.loc[u, "start_s"] >= adam.loc[u + 2, "end_s"] - 1e-12
+
+
+def test_megatrain_never_fetches_its_gpu_resident_root_and_updates_after_backward():
+    step = peer_step("megatrain", tiny_model(layers=4, tied=False), machine(1), 512, 2)
+    trace = simulate_peer(step).trace
+    roots = [u.index for u in step.w.units if u.kind != "layer"]
+    fetched = trace[(trace.op == "h2d_param") & trace.unit.isin(roots)]
+    backward_end = trace[trace.op.isin(["bwd", "d2h_grad"])].end_s.max()
+    assert (fetched.start_s >= backward_end - 1e-12).all()  # only the copy back after the update
+    cpu = trace[trace.op.isin(["clip", "adam", "cast"])]
+    assert cpu.start_s.min() >= backward_end - 1e-12
+
+
+def test_layer_streaming_peers_without_their_measured_rates_refuse_and_run_on_one_gpu_only():
+    """SlideFormer's own Adam and MegaTrain's bf16 DeepSpeedCPUAdam and clip are not in the shipped profile: both
+    refuse in one line rather than borrow the fp32 rates of the other peers; with them, both run."""
+    for name, key in (("slideformer", SLIDEFORMER_CPU_ADAM), ("megatrain", DEEPSPEED_CPU_ADAM_BF16)):
+        with pytest.raises(SlideDPError, match=key) as err:
+            peer_step(name, load_model_spec("qwen3-4b"), load_hardware("h200-x1"), 4096, 1)
+        assert "\n" not in str(err.value)
+        assert peer_step(name, tiny_model(), machine(1), 256, 1)
+    for name in ("slideformer", "megatrain"):
+        with pytest.raises(SlideDPError, match="one GPU"):
+            peer_step(name, tiny_model(), machine(2), 256, 2)
+
+
+def test_peer_bench_times_the_bf16_clip_megatrain_runs():
+    """The bf16 variants time the same functions over bf16 tensors (the clip here; DeepSpeed is not installed)."""
+    from slidedp.calibration.peer_bench import BF16_IMPLEMENTATIONS, IMPLEMENTATIONS, time_step
+
+    assert set(BF16_IMPLEMENTATIONS) == {DEEPSPEED_CPU_ADAM_BF16, TORCH_CLIP_GRAD_NORM_BF16}
+    assert not set(BF16_IMPLEMENTATIONS) & set(IMPLEMENTATIONS)  # `slidedp calibrate` does not time them
+    assert time_step(TORCH_CLIP_GRAD_NORM_BF16, 2**14, 1) > 0
