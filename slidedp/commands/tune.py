@@ -33,6 +33,8 @@ def run_tune(args: argparse.Namespace) -> int:
     space = TuneSpace(clipping=not args.no_clip, gpu_state=not args.no_gpu_state)
     if args.chunks:
         space = replace(space, chunks_per_layer=tuple(args.chunks))
+    if args.seq_tiles:
+        space = replace(space, seq_tiles=tuple(t for t in args.seq_tiles if t > 0))
     with progress_callback("tuning") as progress:
         result = tune(spec, hw, args.seq, batch, budget, space, refine_top=args.top_k, progress=progress)
     table = result.table()
@@ -54,8 +56,8 @@ def _print(table, result, model: str, hardware: str, seq: int, batch: int, out: 
                   f"top {sum(c.sim is not None for c in result.candidates)} refined with the simulator, "
                   f"{result.elapsed_s:.1f} s")
     view = Table(title="Best policies (simulated where refined, else analytical)")
-    for col in ("#", "step s", "tok/s", "limit", "GPU GiB", "routes", "chunks/depth", "act", "mb x acc", "update",
-                "thr"):
+    for col in ("#", "step s", "tok/s", "limit", "GPU GiB", "routes", "chunks/depth", "act", "tile", "mb x acc",
+                "update", "thr"):
         view.add_column(col, justify="right" if col in ("#", "step s", "tok/s", "GPU GiB") else "left")
     short = {"replicated": "rep", "sharded": "shard", "per_rank": "rank", "reduce_scatter": "RS"}
     for row in table.head(show).itertuples():
@@ -63,6 +65,7 @@ def _print(table, result, model: str, hardware: str, seq: int, batch: int, out: 
         view.add_row(str(row.rank), f"{step:.3f}", f"{row.tokens_per_s:,.0f}", row.limiter, f"{row.gpu_peak_gib:.1f}",
                      f"{short[row.param_route]}/{short[row.grad_route]}",
                      f"{row.chunks_per_layer}/{row.prefetch_depth}", row.activation,
+                     str(row.seq_tile_tokens) if row.seq_tile_tokens else "-",
                      f"{row.micro_batch}x{row.accumulation}", row.update_schedule, str(row.adam_threads))
     console.print(view)
     console.print(f"wrote policy {out} and ranked table {ranked}")
