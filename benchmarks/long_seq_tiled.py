@@ -11,11 +11,12 @@ only when no untiled policy fits) and `slidedp train` runs it with ``--gpu-budge
 ``torch.cuda.set_per_process_memory_fraction`` to that budget over the device's memory: an allocation beyond it
 fails, so a finished run proves the fit.
 
-  cap    ``--cap-seq`` tokens (262144) within ``--cap-gib`` (80 GiB).
+  cap    ``--cap-seq`` tokens (262144) within ``--cap-gib`` (80 GiB); if it fails, again with the policy the tuner
+         picks for 90%, then 80% of the cap (``--cap-retry``), the cap itself unchanged.
   whole  the longest sequence the memory model predicts for ``--whole-gib`` (the H200's 139 GiB), searched in
-         steps of ``--granule`` tokens; the run starts there, steps down a granule after a failure (until one
-         fits) and up a granule after a success (``--probe-up`` times), so the measured limit brackets the
-         predicted one.
+         steps of ``--granule`` tokens; the run starts there and steps down a granule after each failure until
+         one fits. (`slidedp train`'s preflight refuses a length predicted not to fit, so no run goes past the
+         prediction: the measured peak against the predicted one says how much room is left.)
 
 Each row of DIR/results.jsonl holds the tuner's prediction (step time, GPU peak, allocator peak) and the run's
 summary (median step time, tokens/s, model TFLOP/s per GPU, measured allocator peak) and the ratio of the measured
@@ -89,16 +90,19 @@ def prediction(spec: ModelSpec, hw: HardwareProfile, seq: int, gpu_gib: float, s
 
 
 def run_one(args, config: Path, spec: ModelSpec, hw: HardwareProfile, part: str, seq: int, gpu_gib: float,
-            results: Path) -> bool:
-    """One `slidedp train` run of ``seq`` tokens within ``gpu_gib`` with the tuner's policy; True if it finished."""
-    row = {"part": part, "seq": seq, "layers": args.layers, "gpu_budget_gib": gpu_gib,
-           **prediction(spec, hw, seq, gpu_gib, args.seq_tile)}
+            results: Path, plan_gib: float | None = None) -> bool:
+    """One `slidedp train` run of ``seq`` tokens under a hard cap of ``gpu_gib`` with the tuner's policy for
+    ``plan_gib`` (default: the cap); True if it finished."""
+    plan_gib = gpu_gib if plan_gib is None else plan_gib
+    row = {"part": part, "seq": seq, "layers": args.layers, "gpu_budget_gib": gpu_gib, "tuned_for_gib": plan_gib,
+           **prediction(spec, hw, seq, plan_gib, args.seq_tile)}
     if not row["predicted_fit"] or args.predict_only:
         row["status"] = "predicted only" if row["predicted_fit"] else "not run (no policy predicted to fit)"
         append_jsonl(results, row)
         return row["predicted_fit"]
-    run = Path(args.out) / f"{part}-{seq}"
-    policy_path = Path(args.out) / f"policy-{part}-{seq}.yaml"
+    tag = f"{part}-{seq}" + ("" if plan_gib == gpu_gib else f"-plan{plan_gib:g}")
+    run = Path(args.out) / tag
+    policy_path = Path(args.out) / f"policy-{tag}.yaml"
     Policy.from_dict(row["policy"]).save(policy_path)
     t0 = time.perf_counter()
     code, summary = train_run(str(config), seq, policy_path, args.steps, run, hardware=args.hardware,
@@ -124,14 +128,17 @@ def main() -> int:
     p.add_argument("--hardware", default="h200-x1")
     p.add_argument("--cap-seq", type=int, default=262144)
     p.add_argument("--cap-gib", type=float, default=80.0, help="the hard cap of the first part (GiB)")
+    p.add_argument("--cap-retry", type=float, nargs="*", default=[0.9, 0.8],
+                   help="after a failed capped run, retry with the tuner planning for these fractions of the cap")
     p.add_argument("--whole-gib", type=float, default=None, help="the whole GPU (default: the profile's memory)")
     p.add_argument("--granule", type=int, default=32768, help="tokens between the lengths the search tries")
-    p.add_argument("--probe-up", type=int, default=1, help="granules tried above a fitting predicted length")
     p.add_argument("--max-seq", type=int, default=1 << 22, help="the longest sequence the search considers")
     p.add_argument("--seq-tile", type=int, default=None, help="force this sequence tile (default: the tuner's)")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--deadline", type=float, default=1e9, help="start no run after this many seconds")
     p.add_argument("--device", default="auto")
+    p.add_argument("--parts", nargs="+", choices=["cap", "whole"], default=["cap", "whole"],
+                   help="which parts to run (one device call each fits the 10-minute limit better)")
     p.add_argument("--predict-only", action="store_true", help="write the predictions, run nothing")
     p.add_argument("--out", default="long_seq_tiled")
     args = p.parse_args()
@@ -139,7 +146,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     hw = load_hardware(args.hardware)
     whole_gib = args.whole_gib if args.whole_gib is not None else hw.gpu.memory_gib
-    cfg = model_config(args.base, args.layers, args.max_seq + args.probe_up * args.granule)
+    cfg = model_config(args.base, args.layers, max(args.cap_seq, args.max_seq))
     config = out / f"{Path(args.base).stem}-wide-{args.layers}l.json"
     config.write_text(json.dumps(cfg))
     spec = ModelSpec.from_hf_config(cfg, name=config.stem)
@@ -147,22 +154,25 @@ def main() -> int:
     start = time.perf_counter()
     in_time = lambda: time.perf_counter() - start < args.deadline  # noqa: E731
 
-    run_one(args, config, spec, hw, "cap", args.cap_seq, args.cap_gib, results)
+    # A failed capped run is retried with a policy planned for less.
+    for fraction in (1.0, *args.cap_retry) if "cap" in args.parts else ():
+        if not in_time() or run_one(args, config, spec, hw, "cap", args.cap_seq, args.cap_gib, results,
+                                    plan_gib=fraction * args.cap_gib):
+            break
+    if "whole" not in args.parts:
+        return _finish(out)
     longest = longest_predicted(spec, hw, whole_gib, args.granule, args.seq_tile, args.max_seq)
     append_jsonl(results, {"part": "whole", "layers": args.layers, "gpu_budget_gib": whole_gib,
                            "granule": args.granule, "longest_predicted_seq": longest, "status": "prediction"})
     log(f"whole GPU ({whole_gib} GiB): longest predicted sequence {longest} tokens")
-    if longest and in_time():
-        first = run_one(args, config, spec, hw, "whole", longest, whole_gib, results)
-        if first:  # up, past the prediction, until one fails
-            for up in range(1, args.probe_up + 1):
-                if args.predict_only or not in_time() or \
-                        not run_one(args, config, spec, hw, "whole", longest + up * args.granule, whole_gib, results):
-                    break
-        else:  # down a granule until one fits
-            seq = longest - args.granule
-            while seq > 0 and in_time() and not run_one(args, config, spec, hw, "whole", seq, whole_gib, results):
-                seq -= args.granule
+    seq = longest  # down a granule after each failure, until one fits
+    while seq > 0 and in_time() and not run_one(args, config, spec, hw, "whole", seq, whole_gib, results):
+        seq -= args.granule
+    return _finish(out)
+
+
+def _finish(out: Path) -> int:
+    """The run directories (traces removed) into one archive."""
     runs = sorted(p for p in out.iterdir() if p.is_dir())
     if runs:
         pack(out / "long_seq_tiled.tar.gz", [(run, run.name) for run in runs])

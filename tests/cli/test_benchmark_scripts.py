@@ -82,7 +82,7 @@ def test_long_seq_tiled_driver_runs_tiled_layers_and_its_search(tmp_path, tiny_c
     a `slidedp train` run that finishes with the tile in its policy; the search stops at --max-seq."""
     out = tmp_path / "tiled"
     bench("long_seq_tiled", "--base", tiny_config, "--layers", "2", "--cap-seq", "32", "--granule", "32", "--max-seq",
-          "64", "--probe-up", "0", "--seq-tile", "16", "--steps", "1", "--device", "cpu", "--out", out)
+          "64", "--seq-tile", "16", "--steps", "1", "--device", "cpu", "--out", out)
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [(r["part"], r.get("seq"), r["status"]) for r in rows] == [
         ("cap", 32, "ok"), ("whole", None, "prediction"), ("whole", 64, "ok")]
