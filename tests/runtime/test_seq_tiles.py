@@ -1,12 +1,17 @@
 """Sequence-tiled layers (#19) compute what whole layers compute: the same loss and gradients (fp32, CPU) under
-every activation policy, with micro-batches, tiles that do not divide the tokens, and packed rows; and the tiled
-layer really keeps only tile-sized MLP activations for backward."""
+every activation policy, with micro-batches, tiles that do not divide the tokens, and packed rows; a tiled layer
+keeps no sequence-wide MLP activations for backward, and what it keeps is what the memory model counts."""
 
 from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 
+from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.packing import pack_examples
@@ -49,34 +54,57 @@ def test_tiled_packed_rows_give_the_same_loss_and_gradients(tmp_path):
     torch.testing.assert_close(grad_t, grad_w, rtol=1e-5, atol=1e-7)
 
 
-def _saved_rows_of_width(config_path: str, tile: int, width: int) -> list[int]:
-    """Rows (tokens) of every tensor of last dimension ``width`` that autograd keeps for backward while one tiny
-    Qwen3 layer runs forward on 64 tokens (a tile's checkpoint keeps its own, which it drops, out of sight)."""
-    cfg = load_hf_config(config_path)
+def _saved(config: dict, tile: int, tokens: int, dtype: torch.dtype) -> tuple[list[torch.Tensor], float]:
+    """The tensors autograd keeps for backward while one layer of ``config`` runs forward on ``tokens`` tokens,
+    and their bytes per token: distinct storages, without the weights and the rotary tables (shared by every
+    layer). A tile's own activations are kept by its checkpoint out of sight, to be rerun in backward."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.json"
+        path.write_text(json.dumps(config))
+        cfg = load_hf_config(str(path))
     adapter = ModelAdapter(cfg)
     unit = adapter.units[1]
     g = torch.Generator().manual_seed(0)
-    params = {p.name: (torch.randn(p.shape, generator=g) * 0.1).requires_grad_() for p in unit.params}
-    x = torch.randn(2, 32, cfg.hidden_size, generator=g, requires_grad=True)
-    pos = torch.arange(32).unsqueeze(0)
-    rot = adapter.rotary(torch.device("cpu"))
-    kwargs = {"attention_mask": None, "position_embeddings": rot(x, pos), "position_ids": pos}
-    rows: list[int] = []
+    params = {p.name: (torch.randn(p.shape, generator=g) * 0.05).to(dtype).requires_grad_() for p in unit.params}
+    x = torch.randn(1, tokens, cfg.hidden_size, generator=g).to(dtype).requires_grad_()
+    pos = torch.arange(tokens).unsqueeze(0)
+    pe = adapter.rotary(torch.device("cpu"))(x, pos)
+    shared = {t.untyped_storage().data_ptr() for t in (*params.values(), *pe)}
+    kept: list[torch.Tensor] = []
+    storages: dict[int, int] = {}
 
     def pack(t: torch.Tensor):
-        if t.dim() >= 2 and t.shape[-1] == width:
-            rows.append(t.numel() // width)
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in shared:
+            kept.append(t)
+            storages[ptr] = t.untyped_storage().nbytes()
         return t
 
+    kwargs = {"attention_mask": None, "position_embeddings": pe, "position_ids": pos}
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = run_layer(adapter.layer_module(unit), params, x, kwargs, tile)
-    out.square().sum().backward()
-    return rows
+    out.float().square().sum().backward()  # the tiles' reruns work
+    return kept, sum(storages.values()) / tokens
 
 
-def test_tiled_layer_keeps_only_tile_sized_mlp_activations(tmp_path):
-    ffn, path = TINY["qwen3"]["intermediate_size"], write_config(tmp_path, "qwen3")
-    whole = _saved_rows_of_width(path, 0, ffn)
-    tiled = _saved_rows_of_width(path, 8, ffn)
-    assert whole and max(whole) == 64  # gate, up and their product over all 64 tokens
-    assert tiled == []  # none over the sequence: each tile's are rerun in backward
+def test_tiled_layer_keeps_no_sequence_wide_mlp_activations():
+    ffn = TINY["qwen3"]["intermediate_size"]
+    whole, _ = _saved(TINY["qwen3"], 0, 48, torch.float32)
+    tiled, _ = _saved(TINY["qwen3"], 8, 48, torch.float32)
+    assert any(t.shape[-1] == ffn and t.numel() == 48 * ffn for t in whole)  # gate, up, their product
+    assert not any(t.shape[-1] == ffn for t in tiled)  # each tile's are rerun in backward
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(8, 2, 64), (8, 4, 32)])
+def test_kept_bytes_per_token_are_the_memory_models(heads, kv_heads, head_dim):
+    """Measured on the CPU in bf16, as the GPU runs: what a whole layer keeps is
+    ModelSpec.full_activation_bytes_per_token, what a tiled one keeps over the sequence is
+    sequence_activation_bytes_per_token (within 1%: the RMSNorms' fp32 rsqrt per token is not counted)."""
+    config = dict(TINY["qwen3"], hidden_size=256, intermediate_size=768, num_attention_heads=heads,
+                  num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=256)
+    spec = ModelSpec.from_hf_config(config)
+    _, whole = _saved(config, 0, 256, torch.bfloat16)
+    _, tiled = _saved(config, 64, 256, torch.bfloat16)
+    assert whole == pytest.approx(spec.full_activation_bytes_per_token(), rel=0.01)
+    assert tiled == pytest.approx(spec.sequence_activation_bytes_per_token(), rel=0.01)
+    assert tiled < 0.55 * whole
