@@ -125,7 +125,8 @@ def _layer_seconds(records: list[RunRecord], gpu) -> tuple[float, float]:
     """Predicted (with ``gpu``) and measured fwd + bwd seconds of the decoder layers over all runs."""
     predicted = measured = 0.0
     for r in records:
-        units = build_units(r.spec, gpu, r.policy.activation, r.policy.micro_batch, r.policy.accumulation, r.seq)
+        units = build_units(r.spec, gpu, r.policy.activation, r.policy.micro_batch, r.policy.accumulation, r.seq,
+                            r.policy.loss_chunk_tokens, r.policy.seq_tile_tokens)
         layers = r.trace[r.trace.op.isin(["fwd", "bwd"]) & (r.trace.unit >= 1) & (r.trace.unit <= r.spec.layers)]
         if layers.empty:
             continue

@@ -72,14 +72,19 @@ def _window_max(values: list[float], depth: int) -> float:
 
 def activation_bytes(w: StepWorkload) -> float:
     """GPU bytes of the activations one rank holds at the start of backward under the policy's activation mode:
-    every layer's output (``keep``), the per-layer checkpoints plus one layer's working set (``recompute``), or
-    the checkpoints of the prefetch window plus one working set (``offload``). Shared with the peers' memory
-    models (slidedp.peers), which all recompute per decoder layer."""
+    every layer's kept activations (``keep``), the per-layer checkpoints plus one layer's working set
+    (``recompute``), or the checkpoints of the prefetch window plus one working set (``offload``). A layer's
+    working set and kept bytes are bounded by the sequence tile when Policy.seq_tile_tokens is set
+    (ModelSpec.layer_working_bytes). Shared with the peers' memory models (slidedp.peers), which all recompute
+    per decoder layer."""
     m, pol = w.model, w.policy
+    tile = pol.seq_tile_tokens
     ckpt = m.checkpoint_bytes_per_token() * w.tokens_per_rank
-    working = m.full_activation_bytes_per_token() * w.tokens_per_micro_batch
+    working = m.layer_working_bytes(w.tokens_per_micro_batch, tile)
     if pol.activation == "keep":
-        return m.layers * m.full_activation_bytes_per_token() * w.tokens_per_rank + ckpt
+        # Untiled, the kept graphs are the working set; tiled, one tile's rerun comes on top of them.
+        rerun = m.tile_activation_bytes_per_token() * min(tile, w.tokens_per_micro_batch) if tile > 0 else 0.0
+        return m.layers * m.layer_kept_bytes(w.tokens_per_rank, tile) + ckpt + rerun
     if pol.activation == "recompute":
         return (m.layers + 1) * ckpt + working
     return (pol.prefetch_depth + 1) * ckpt + working

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call
 
 from slidedp.errors import SlideDPError
 from slidedp.model_spec import ModelSpec
@@ -50,6 +49,7 @@ from slidedp.runtime.host_state import HostState
 from slidedp.runtime.loss_head import LossHead
 from slidedp.runtime.optim import OptimConfig, clip_coefficient, lr_at
 from slidedp.runtime.packing import Rows, block_causal_mask
+from slidedp.runtime.seq_tiles import run_layer
 from slidedp.runtime.streaming import ActivationOffload, DeviceUnit, ParamStreamer
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.runtime.updates import HostUpdater
@@ -145,7 +145,7 @@ class StreamingEngine:
         self.rotary = adapter.rotary(device.torch_device)
         check_gpu_state_units(pol.gpu_state_units, len(self.units))
         self._work = unit_work(spec, pol.activation, pol.micro_batch, pol.accumulation, config.seq,
-                               pol.loss_chunk_tokens)
+                               pol.loss_chunk_tokens, pol.seq_tile_tokens)
         # Units that stay on the GPU from forward into backward (the rule the simulator's schedule uses).
         self._resident = (True,) * len(self.units) if resident else \
             resident_in_backward(self._work, pol.prefetch_depth, pol.gpu_state_units)
@@ -305,9 +305,10 @@ class StreamingEngine:
                 st.released[u] = du
 
     def _layer(self, du: DeviceUnit, x: torch.Tensor, attn: _Attention, params) -> torch.Tensor:
-        out = functional_call(self.adapter.layer_module(du.layout), params, (x,),
-                              {"attention_mask": attn.mask, "position_embeddings": attn.pe, "position_ids": attn.pos})
-        return out[0] if isinstance(out, tuple) else out
+        """A decoder layer, whole or over sequence tiles (runtime/seq_tiles.py, Policy.seq_tile_tokens)."""
+        return run_layer(self.adapter.layer_module(du.layout), params, x,
+                         {"attention_mask": attn.mask, "position_embeddings": attn.pe, "position_ids": attn.pos},
+                         self.policy.seq_tile_tokens)
 
     def _layer_forward(self, st: _Step, u: int, du: DeviceUnit) -> list[torch.Tensor]:
         if self.policy.activation != "keep":

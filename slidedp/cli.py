@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from slidedp.arg_types import positive_float, positive_int
+from slidedp.arg_types import non_negative_int, positive_float, positive_int
 from slidedp.errors import SlideDPError
 
 
@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="training will not clip the global gradient norm (allows the as_ready schedule)")
     tune.add_argument("--no-gpu-state", action="store_true",
                       help="keep all optimizer state on the host (do not try policy.gpu_state_units)")
+    tune.add_argument("--seq-tiles", type=non_negative_int, nargs="+", metavar="TOKENS",
+                      help="sequence tiles (policy.seq_tile_tokens) to try when no untiled policy fits "
+                           "(default 4096, 8192, ... below a micro-batch's tokens; 0: never tile)")
     tune.add_argument("--top-k", type=positive_int, default=6, help="candidates refined with the simulator (default 6)")
     tune.add_argument("--out", default="policy.yaml", help="where to write the winning policy (default policy.yaml)")
     tune.add_argument("--table", help="ranked table CSV (default: <out>_ranked.csv)")

@@ -121,6 +121,38 @@ class ModelSpec:
         mlp = 4 * BF16_BYTES * f
         return norms + qk_norm + rope + attention + mlp
 
+    def sequence_activation_bytes_per_token(self) -> int:
+        """What a sequence-tiled layer still keeps for its backward over the whole sequence: the attention's
+        share of :meth:`full_activation_bytes_per_token` (q/k norms, RoPE, SDPA), the first RMSNorm's bf16
+        input and output (its tiles' checkpoints; the projections' input) and the MLP block's bf16 input
+        (its tiles' checkpoints). Everything else lives one tile at a time."""
+        h, q, kv = self.hidden, self.q_dim, self.kv_dim
+        qk_norm = 4 * (q + kv) if self.qk_norm else 0
+        rope = BF16_BYTES * (q + kv)
+        attention = BF16_BYTES * (2 * q + 2 * kv) + 4 * self.heads
+        return qk_norm + rope + attention + 3 * BF16_BYTES * h
+
+    def tile_activation_bytes_per_token(self) -> int:
+        """What one tile's recompute holds in a tiled layer's backward, per token of the tile: the second
+        RMSNorm and the SwiGLU MLP, as counted in :meth:`full_activation_bytes_per_token` (the first RMSNorm's
+        tiles are recomputed later, in the attention's backward, one at a time and smaller)."""
+        return 8 * self.hidden + 4 * BF16_BYTES * self.ffn
+
+    def layer_working_bytes(self, tokens: int, tile: int) -> float:
+        """GPU bytes one layer's backward holds for ``tokens`` tokens of a micro-batch: every activation
+        autograd keeps (``tile`` = 0, untiled), or the sequence-wide part plus one tile's
+        (Policy.seq_tile_tokens = ``tile``)."""
+        if tile <= 0:
+            return float(self.full_activation_bytes_per_token() * tokens)
+        return float(self.sequence_activation_bytes_per_token() * tokens
+                     + self.tile_activation_bytes_per_token() * min(tile, tokens))
+
+    def layer_kept_bytes(self, tokens: int, tile: int) -> float:
+        """GPU bytes one layer keeps from its forward to its backward when the graph is kept (activation
+        ``keep``): all of them untiled, the sequence-wide part when tiled (tiles are recomputed)."""
+        per_token = self.full_activation_bytes_per_token() if tile <= 0 else self.sequence_activation_bytes_per_token()
+        return float(per_token * tokens)
+
     # ---- operations (shape-aware compute: slidedp.compute) ----------------------------------------------
     @property
     def layer_tensors(self) -> int:
@@ -133,7 +165,7 @@ class ModelSpec:
         projection, residual, RMSNorm, gate/up projections, SwiGLU, down projection, residual."""
         t, h, q, kv = batch * seq, self.hidden, self.q_dim, self.kv_dim
         ops: list[c.ComputeOp] = [
-            c.Elementwise("rmsnorm", t * h * c.RMSNORM_BYTES, c.RMSNORM_KERNELS),
+            self._rmsnorm_op(t, 1),
             c.Gemm(t, q, h), c.Gemm(t, kv, h, count=2),
         ]
         if self.attn_bias:
@@ -145,13 +177,38 @@ class ModelSpec:
             c.Attention(batch, seq, self.heads, self.kv_heads, self.head_dim),
             c.Gemm(t, h, q),
             c.Elementwise("residual", t * h * c.RESIDUAL_BYTES, c.RESIDUAL_KERNELS),
-            c.Elementwise("rmsnorm", t * h * c.RMSNORM_BYTES, c.RMSNORM_KERNELS),
-            c.Gemm(t, self.ffn, h, count=2),
-            c.Elementwise("swiglu", t * self.ffn * c.SWIGLU_BYTES, c.SWIGLU_KERNELS),
-            c.Gemm(t, h, self.ffn),
-            c.Elementwise("residual", t * h * c.RESIDUAL_BYTES, c.RESIDUAL_KERNELS),
+            *self._mlp_block_ops([(t, 1)]),
         ]
         return ops
+
+    def _rmsnorm_op(self, tokens: int, passes: int) -> c.Elementwise:
+        return c.Elementwise("rmsnorm", tokens * self.hidden * c.RMSNORM_BYTES, passes * c.RMSNORM_KERNELS)
+
+    def _mlp_block_ops(self, pieces: list[tuple[int, int]]) -> list[c.ComputeOp]:
+        """RMSNorm, gate/up projections, SwiGLU, down projection and residual run once per piece, where
+        ``pieces`` lists (tokens per piece, number of such pieces): the whole sequence, or its tiles."""
+        h, f = self.hidden, self.ffn
+        t = sum(n * k for n, k in pieces)
+        kernels = sum(k for _, k in pieces)
+        gate_up = [c.Gemm(n, f, h, count=2 * k) for n, k in pieces]
+        down = [c.Gemm(n, h, f, count=k) for n, k in pieces]
+        return [self._rmsnorm_op(t, kernels), *gate_up,
+                c.Elementwise("swiglu", t * f * c.SWIGLU_BYTES, kernels * c.SWIGLU_KERNELS), *down,
+                c.Elementwise("residual", t * h * c.RESIDUAL_BYTES, kernels * c.RESIDUAL_KERNELS)]
+
+    def tile_recompute_ops(self, batch: int, seq: int, tile: int) -> list[c.ComputeOp]:
+        """What a sequence-tiled layer (Policy.seq_tile_tokens = ``tile`` > 0) reruns in its backward beyond
+        what the activation policy already does: each tile's first RMSNorm and its MLP block (RMSNorm,
+        gate/up, SwiGLU, down, residual), whose intermediates were dropped after the tile's forward. The
+        ``batch x seq`` tokens of a micro-batch are cut into tiles of ``tile`` tokens. Empty when untiled."""
+        if tile <= 0:
+            return []
+        t = batch * seq
+        full, rest = divmod(t, tile)
+        pieces = [(tile, full)] if full else []
+        if rest:
+            pieces.append((rest, 1))
+        return [self._rmsnorm_op(t, full + (1 if rest else 0)), *self._mlp_block_ops(pieces)]
 
     def head_ops(self, tokens: int, loss_chunk_tokens: int) -> tuple[list[c.ComputeOp], list[c.ComputeOp]]:
         """Forward and backward of the final norm, lm_head and cross-entropy over ``tokens`` tokens in chunks

@@ -48,6 +48,10 @@ class TuneSpace:
     # Also try each policy with as many leading units' optimizer state on the GPU as the budget leaves room
     # for (Policy.gpu_state_units); False keeps all optimizer state on the host.
     gpu_state: bool = True
+    # Sequence tiles (Policy.seq_tile_tokens) tried only when no untiled policy fits, largest first: each policy
+    # takes the largest tile that fits. None: 4096 tokens doubling while below a micro-batch's tokens; ()
+    # never tiles.
+    seq_tiles: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -135,9 +139,23 @@ def most_gpu_state_units(model: ModelSpec, hw: HardwareProfile, policy: Policy, 
     return best
 
 
+def seq_tile_candidates(space: TuneSpace, tokens_per_micro_batch: int) -> tuple[int, ...]:
+    """The sequence tiles to try for a policy whose untiled layers do not fit, largest first."""
+    if space.seq_tiles is not None:
+        return tuple(sorted({t for t in space.seq_tiles if t > 0}, reverse=True))
+    tiles, tile = [], 4096
+    while tile < tokens_per_micro_batch:
+        tiles.append(tile)
+        tile *= 2
+    return tuple(reversed(tiles))
+
+
 def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, budget: Budget,
          space: TuneSpace | None = None, refine_top: int = 6, progress: Progress | None = None) -> TuneResult:
-    """Best policy for the problem under ``budget``; raises SlideDPError naming the budget needed if none fits."""
+    """Best policy for the problem under ``budget``; raises SlideDPError naming the budget needed if none fits.
+
+    Untiled layers first; only when no untiled policy fits are sequence tiles tried (each policy with the
+    largest tile that fits), since tiling reruns each tile's norms and MLP in backward."""
     t0 = time.perf_counter()
     space = space or TuneSpace()
     policies = enumerate_policies(space, hw, global_batch)
@@ -147,35 +165,50 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
     smallest_gpu = smallest_host = float("inf")
     smallest_policy: Policy | None = None
     total = len(policies) + refine_top
-    for i, policy in enumerate(policies):
-        key = (policy.activation, policy.micro_batch, policy.accumulation, policy.loss_chunk_tokens)
+
+    def fits(policy: Policy) -> bool:
+        """Add ``policy`` (and its GPU-state variant) to the feasible ones if it fits; track the smallest."""
+        nonlocal smallest_gpu, smallest_host, smallest_policy
+        key = (policy.activation, policy.micro_batch, policy.accumulation, policy.loss_chunk_tokens,
+               policy.seq_tile_tokens)
         if key not in units_cache:
-            act, mb, acc, loss_chunk = key
-            units_cache[key] = build_units(model, hw.gpu, act, mb, acc, seq, loss_chunk)
+            units_cache[key] = build_units(model, hw.gpu, *key[:3], seq, *key[3:])
         w = StepWorkload(model, hw, policy, seq, global_batch, units=units_cache[key])
         mem = estimate_memory(w)
         smallest_host = min(smallest_host, mem.host_total)
         if mem.host_total <= budget.host_bytes and mem.gpu_peak < smallest_gpu:
             smallest_gpu, smallest_policy = mem.gpu_peak, policy
-        if mem.gpu_peak <= budget.gpu_bytes and mem.host_total <= budget.host_bytes:
-            workloads[id(policy)] = w
-            feasible.append(Candidate(policy, estimate_step(w, with_memory=False), mem))
-            held = (most_gpu_state_units(model, hw, policy, seq, global_batch, units_cache[key], budget.gpu_bytes)
-                    if space.gpu_state else None)
-            if held is not None:
-                w_held, mem_held = held
-                workloads[id(w_held.policy)] = w_held
-                feasible.append(Candidate(w_held.policy, estimate_step(w_held, with_memory=False), mem_held))
+        if mem.gpu_peak > budget.gpu_bytes or mem.host_total > budget.host_bytes:
+            return False
+        workloads[id(policy)] = w
+        feasible.append(Candidate(policy, estimate_step(w, with_memory=False), mem))
+        held = (most_gpu_state_units(model, hw, policy, seq, global_batch, units_cache[key], budget.gpu_bytes)
+                if space.gpu_state else None)
+        if held is not None:
+            w_held, mem_held = held
+            workloads[id(w_held.policy)] = w_held
+            feasible.append(Candidate(w_held.policy, estimate_step(w_held, with_memory=False), mem_held))
+        return True
+
+    for i, policy in enumerate(policies):
+        fits(policy)
         if progress and i % 64 == 0:
             progress(i, total)
+    if not feasible:  # no untiled policy fits: each policy with the largest sequence tile that does
+        for policy in policies:
+            for tile in seq_tile_candidates(space, seq * policy.micro_batch):
+                if fits(policy.with_(seq_tile_tokens=tile)):
+                    break
     if not feasible:
         if smallest_gpu == float("inf"):
             raise SlideDPError(f"no policy fits the host memory limit of {budget.host_bytes / GIB:.1f} GiB; "
                                f"the smallest needs {smallest_host / GIB:.1f} GiB")
         p = smallest_policy
+        tiled = f", sequence tile {p.seq_tile_tokens}" if p.seq_tile_tokens else ""
         raise SlideDPError(f"no policy fits a GPU budget of {budget.gpu_bytes / GIB:.1f} GiB; the smallest "
                            f"feasible budget is {smallest_gpu / GIB:.1f} GiB (activations {p.activation}, "
-                           f"micro-batch {p.micro_batch}, prefetch {p.prefetch_depth}, {p.chunks_per_layer} chunks)")
+                           f"micro-batch {p.micro_batch}, prefetch {p.prefetch_depth}, {p.chunks_per_layer} chunks"
+                           f"{tiled})")
     feasible.sort(key=lambda c: c.estimate.step_time_s)
     for j, cand in enumerate(feasible[:refine_top]):
         cand.sim = simulate(workloads[id(cand.policy)])

@@ -26,7 +26,8 @@ class UnitWork:
     """What one unit computes in a step, independent of the machine.
 
     ``linear_flops`` and ``attention_flops`` are one micro-batch's forward FLOPs; backward costs twice
-    the forward, plus the forward again where the unit reruns it (``recompute``).
+    the forward, plus the forward again where the unit reruns it (``recompute``), plus what a sequence-tiled
+    layer reruns per tile (``tile_flops``: its norms and MLP, ModelSpec.tile_recompute_ops).
     """
 
     index: int
@@ -40,11 +41,12 @@ class UnitWork:
     recompute: bool
     checkpoint_bytes: float  # per rank, offloaded to host and reloaded (offload policy only)
     pinned: bool = False  # stays on the GPU all step (a tied embedding, which the head reuses)
+    tile_flops: float = 0.0  # per micro-batch: the sequence tiles' forward rerun in backward (Policy.seq_tile_tokens)
     # The operations it runs (slidedp.compute), for GPUs with shape-aware compute curves: per micro-batch
     # forward, backward and what backward reruns of the forward; per step, the gradient bookkeeping.
     fwd_ops: tuple[ComputeOp, ...] = ()
     bwd_ops: tuple[ComputeOp, ...] = ()
-    recompute_ops: tuple[ComputeOp, ...] = ()
+    recompute_ops: tuple[ComputeOp, ...] = ()  # includes the tiles' rerun (tile_flops)
     step_ops: tuple[ComputeOp, ...] = ()
 
     @property
@@ -54,7 +56,8 @@ class UnitWork:
     @property
     def bwd_flops(self) -> float:
         """Includes the recomputed forward where the activation policy (or the chunked loss) recomputes."""
-        return (2 + (1 if self.recompute else 0)) * (self.linear_flops + self.attention_flops) * self.micro_batches
+        per_mb = (2 + (1 if self.recompute else 0)) * (self.linear_flops + self.attention_flops) + self.tile_flops
+        return per_mb * self.micro_batches
 
 
 @dataclass(frozen=True)
@@ -74,8 +77,8 @@ class Unit:
 
 
 def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int, seq: int,
-              loss_chunk_tokens: int = 4096) -> tuple[UnitWork, ...]:
-    """The units of ``m`` with their work for one activation policy and micro-batching."""
+              loss_chunk_tokens: int = 4096, seq_tile_tokens: int = 0) -> tuple[UnitWork, ...]:
+    """The units of ``m`` with their work for one activation policy, micro-batching and sequence tile."""
     mb_tokens = seq * micro_batch
     recompute = activation in RECOMPUTING_ACTIVATIONS
     lin = m.layer_linear_flops_per_token() * mb_tokens
@@ -87,11 +90,13 @@ def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int
                       step_ops=tuple(gradient_ops(m.embedding_params, 1, 0)))]
     layer_fwd = tuple(m.layer_forward_ops(micro_batch, seq))
     layer_bwd = tuple(backward_ops(list(layer_fwd)))
+    tile_ops = tuple(m.tile_recompute_ops(micro_batch, seq, seq_tile_tokens))
+    tile_flops = sum(op.flops for op in tile_ops)
     layer_grads = tuple(gradient_ops(m.layer_params, m.layer_tensors, accumulation))
     for i in range(m.layers):
         units.append(UnitWork(i + 1, f"layer{i}", "layer", m.layer_params, lin, attn, mb_tokens, accumulation,
-                              recompute, ckpt, fwd_ops=layer_fwd, bwd_ops=layer_bwd,
-                              recompute_ops=layer_fwd if recompute else (), step_ops=layer_grads))
+                              recompute, ckpt, tile_flops=tile_flops, fwd_ops=layer_fwd, bwd_ops=layer_bwd,
+                              recompute_ops=(layer_fwd if recompute else ()) + tile_ops, step_ops=layer_grads))
     # FLOPs as the layer-level model counts the chunked loss (backward = 2x + a recomputed forward); the op
     # list follows the runtime, which makes, uses and differentiates each logits chunk once.
     head_fwd, head_bwd = m.head_ops(mb_tokens, loss_chunk_tokens)
@@ -118,6 +123,8 @@ def time_unit(work: UnitWork, gpu: GPUSpec) -> Unit:
     bwd_s = gpu.backward_linear_ratio * lin_s + gpu.backward_attention_ratio * att_s + overhead
     if work.recompute:
         bwd_s += fwd_s
+    if work.tile_flops:  # the tiles' norms and MLP, rerun at the linears' rate
+        bwd_s += gpu.linear_time(work.tile_flops, work.tokens)
     mb = work.micro_batches
     return Unit(work.index, work.name, work.kind, work.params, work.fwd_flops, fwd_s * mb, work.bwd_flops, bwd_s * mb,
                 work.checkpoint_bytes, work.pinned)
@@ -139,13 +146,13 @@ def _time_ops(work: UnitWork, gpu: GPUSpec) -> Unit:
 
 
 def build_units(m: ModelSpec, gpu: GPUSpec, activation: str, micro_batch: int, accumulation: int,
-                seq: int, loss_chunk_tokens: int = 4096) -> tuple[Unit, ...]:
+                seq: int, loss_chunk_tokens: int = 4096, seq_tile_tokens: int = 0) -> tuple[Unit, ...]:
     """Streamed units with per-rank step times and FLOPs for one micro-batching and activation policy.
 
     Separate from StepWorkload so a tuner can reuse units across policies that share these inputs.
     """
     return tuple(time_unit(w, gpu) for w in unit_work(m, activation, micro_batch, accumulation, seq,
-                                                      loss_chunk_tokens))
+                                                      loss_chunk_tokens, seq_tile_tokens))
 
 
 def check_gpu_state_units(count: int, num_units: int) -> None:

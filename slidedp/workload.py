@@ -51,7 +51,7 @@ class StepWorkload:
         self.adam_threads = threads
         self.tokens_per_rank = seq * policy.sequences_per_rank()
         self.tokens_per_micro_batch = seq * policy.micro_batch
-        if units is not None:  # precomputed by build_units for the same model, GPU, activation and batching
+        if units is not None:  # precomputed by build_units for the same model, GPU, activation, batching and tile
             self.__dict__["units"] = units
 
     # ---- units ----------------------------------------------------------------------------------------------
@@ -59,7 +59,7 @@ class StepWorkload:
     def units(self) -> tuple[Unit, ...]:
         pol = self.policy
         return build_units(self.model, self.hw.gpu, pol.activation, pol.micro_batch, pol.accumulation, self.seq,
-                           pol.loss_chunk_tokens)
+                           pol.loss_chunk_tokens, pol.seq_tile_tokens)
 
     @property
     def num_units(self) -> int:

@@ -105,7 +105,9 @@ def _print_tables(s: RunSummary, result, est) -> None:
                   f"batch {s.batch} ({s.tokens_per_step:,} tokens/step)")
     p = s.policy
     console.print(f"policy: params {p['param_route']}, grads {p['grad_route']}, {p['chunks_per_layer']} chunks/layer, "
-                  f"prefetch {p['prefetch_depth']}, activations {p['activation']}, micro-batch {p['micro_batch']} x "
+                  f"prefetch {p['prefetch_depth']}, activations {p['activation']}"
+                  + (f" over sequence tiles of {p['seq_tile_tokens']} tokens" if p.get("seq_tile_tokens") else "")
+                  + f", micro-batch {p['micro_batch']} x "
                   f"{p['accumulation']}, update {p['update_schedule']}"
                   + (f", optimizer state of the first {p['gpu_state_units']} units on the GPU"
                      if p.get("gpu_state_units") else ""))

@@ -232,5 +232,6 @@ def tune_policy(args: argparse.Namespace, hw, log=print):
     log(f"policy auto: tuned for {hw.name}, seq {args.seq}, batch {batch} ({len(result.candidates)} candidates fit, "
         f"{result.elapsed_s:.1f} s): micro-batch {p.micro_batch} x {p.accumulation}, {p.param_route}/{p.grad_route} "
         f"routes, {p.chunks_per_layer} chunks/layer, depth {p.prefetch_depth}, activations {p.activation}, "
-        f"{p.update_schedule}; predicted {predicted:.3f} s/step ({how})")
+        f"{p.update_schedule}{f', sequence tile {p.seq_tile_tokens}' if p.seq_tile_tokens else ''}; "
+        f"predicted {predicted:.3f} s/step ({how})")
     return p, predicted

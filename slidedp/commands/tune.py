@@ -34,6 +34,8 @@ def run_tune(args: argparse.Namespace) -> int:
     space = TuneSpace(clipping=not args.no_clip, gpu_state=not args.no_gpu_state)
     if args.chunks:
         space = replace(space, chunks_per_layer=tuple(args.chunks))
+    if args.seq_tiles:
+        space = replace(space, seq_tiles=tuple(t for t in args.seq_tiles if t > 0))
     with progress_callback("tuning") as progress:
         result = tune(spec, hw, args.seq, batch, budget, space, refine_top=args.top_k, progress=progress)
     table = result.table()
@@ -58,6 +60,7 @@ _LEGEND = ("step s: simulated; * = analytical model only.  GiB: GPU peak.  held:
            "prefetch depth.  act: keep, rec(ompute), off(load).  mb×acc: micro-batch x\n"
            "accumulation.  upd: CPU update during the next forward, as ready, after\n"
            "backward.  thr: CPU threads per rank.")
+_TILE_LEGEND = "tile: tokens per sequence tile of a layer's MLP (- untiled)."
 
 
 def _print(table, result, model: str, hardware: str, seq: int, batch: int, out: Path, ranked: Path, show: int):
@@ -67,20 +70,32 @@ def _print(table, result, model: str, hardware: str, seq: int, batch: int, out: 
                   f"{result.enumerated} policies enumerated, {len(result.candidates)} feasible (with GPU-held "
                   f"variants), top {refined} refined with the simulator, {result.elapsed_s:.1f} s")
     console.print(ranked_view(table.head(show)))
-    console.print(_LEGEND, style="dim")
+    console.print(_LEGEND + ("\n" + _TILE_LEGEND if table.head(show)["seq_tile_tokens"].any() else ""), style="dim")
     console.print(f"wrote policy {out} and ranked table {ranked}")
 
 
 def ranked_view(rows: pd.DataFrame) -> Table:
-    """The ranked candidates as a table of at most 80 columns (the CSV holds every field in full)."""
-    view = Table(title="Best policies", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0))
-    for col in ("#", "step s", "ktok/s", "limit", "GiB", "held", "route", "ch/pf", "act", "mb×acc", "upd",
-                "thr"):
+    """The ranked candidates as a table of at most 80 columns (the CSV holds every field in full); the tile column
+    only where some row tiles its layers."""
+    tiled = bool(rows["seq_tile_tokens"].any())
+    view = Table(title="Best policies", box=box.SIMPLE_HEAD, pad_edge=False, padding=0)
+    for col in ("#", "step s", "ktok/s", "limit", "GiB", "held", "route", "ch/pf", "act", *(("tile",) if tiled else ()),
+                "mb×acc", "upd", "thr"):
         view.add_column(col, justify="left" if col in ("limit", "route", "act", "upd") else "right", no_wrap=True)
     for row in rows.itertuples():
-        step = f"{row.model_step_s:.3f}*" if pd.isna(row.sim_step_s) else f"{row.sim_step_s:.3f} "
+        step = f"{_seconds(row.model_step_s)}*" if pd.isna(row.sim_step_s) else f"{_seconds(row.sim_step_s)} "
+        tile = (_tokens(row.seq_tile_tokens) if row.seq_tile_tokens else "-",) if tiled else ()
         view.add_row(str(row.rank), step, f"{row.tokens_per_s / 1e3:,.1f}", row.limiter, f"{row.gpu_peak_gib:.1f}",
                      str(row.gpu_state_units), f"{_ROUTE[row.param_route]}/{_ROUTE[row.grad_route]}",
-                     f"{row.chunks_per_layer}/{row.prefetch_depth}", _ACTIVATION[row.activation],
+                     f"{row.chunks_per_layer}/{row.prefetch_depth}", _ACTIVATION[row.activation], *tile,
                      f"{row.micro_batch}×{row.accumulation}", _SCHEDULE[row.update_schedule], str(row.adam_threads))
     return view
+
+
+def _seconds(s: float) -> str:
+    """Four significant digits: 8.187, 25.17, 251.7."""
+    return f"{s:.1f}" if s >= 100 else f"{s:.2f}" if s >= 10 else f"{s:.3f}"
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)

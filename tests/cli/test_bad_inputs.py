@@ -54,6 +54,9 @@ def _files(tmp) -> dict[str, str]:
         "pol_long_string": "activation: " + "x" * 100_000 + "\n",
         "pol_syntax": "a: [1, 2\n",
         "pol_gsu": "gpu_state_units: -3\n",
+        "pol_tile_neg": "seq_tile_tokens: -4096\n",
+        "pol_tile_float": "seq_tile_tokens: 4096.5\n",
+        "pol_tile_str": "seq_tile_tokens: big\n",
     }
     for name, text in policies.items():
         (tmp / f"{name}.yaml").write_text(text)
@@ -103,6 +106,13 @@ CASES: list[list[str]] = [
     ["simulate", "--policy", "{pol_long_string}"],
     ["simulate", "--policy", "{pol_syntax}"],
     ["simulate", "--policy", "{pol_gsu}"],
+    ["simulate", "--policy", "{pol_tile_neg}"],
+    ["simulate", "--policy", "{pol_tile_float}"],
+    ["simulate", "--policy", "{pol_tile_str}"],
+    ["tune", "--seq-tiles", "-4096"],
+    ["tune", "--seq-tiles", "4k"],
+    ["tune", "--model", "qwen3-14b", "--hardware", "h100-sxm-x4", "--seq", "262144", "--batch", "4",
+     "--gpu-budget", "80", "--seq-tiles", "0", "--chunks", "4"],
     ["simulate", "--policy", "/dev/zero"],
     ["simulate", "--policy", "{tmp}/missing.yaml"],
     ["simulate", "--hardware", "{hw_inf}"],
@@ -145,6 +155,7 @@ CASES: list[list[str]] = [
     [*TRAIN, "--model", "{good}", "--min-lr-ratio", "2"],
     [*TRAIN, "--model", "{good}", "--resume", "{tmp}/missing-ckpt"],
     [*TRAIN, "--model", "{good}", "--policy", "{pol_bomb}"],
+    [*TRAIN, "--model", "{good}", "--policy", "{pol_tile_neg}"],
     [*TRAIN[:2], "/dev/zero", *TRAIN[3:], "--model", "{good}"],
     [*TRAIN[:2], "{tmp}/missing-data", *TRAIN[3:], "--model", "{good}"],
     [*TRAIN, "--model", "{good}", "--device", "cuda"],

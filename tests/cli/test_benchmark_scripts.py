@@ -77,6 +77,21 @@ def test_validation_and_long_sequence_scripts_write_run_directories(tmp_path, ti
     assert all(r["model_spec"]["layers"] == 2 for r in rows)
 
 
+def test_long_seq_tiled_driver_runs_tiled_layers_and_its_search(tmp_path, tiny_config):
+    """The #19 H200 driver's CPU path: the capped run and the whole-GPU search's first run, tile 16 forced, each
+    a `slidedp train` run that finishes with the tile in its policy; the search stops at --max-seq."""
+    out = tmp_path / "tiled"
+    bench("long_seq_tiled", "--base", tiny_config, "--layers", "2", "--cap-seq", "32", "--granule", "32", "--max-seq",
+          "64", "--seq-tile", "16", "--steps", "1", "--device", "cpu", "--out", out)
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["part"], r.get("seq"), r["status"]) for r in rows] == [
+        ("cap", 32, "ok"), ("whole", None, "prediction"), ("whole", 64, "ok")]
+    assert rows[1]["longest_predicted_seq"] == 64
+    for r in (rows[0], rows[2]):
+        assert r["policy"]["seq_tile_tokens"] == 16 and r["model_spec"]["layers"] == 2
+        assert r["step_time_s"] > 0 and r["tuner_gpu_peak_gib"] > 0 and r["final_loss"] > 0
+
+
 def test_multi_gpu_correctness_part_compares_ranks_with_one_process(tmp_path, tiny_config):
     out = tmp_path / "mg"
     bench("multi_gpu", "--model", tiny_config, "--gpus", "2", "--seq", "16", "--check-steps", "2", "--device", "cpu",
