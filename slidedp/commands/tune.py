@@ -14,6 +14,7 @@ from slidedp.commands.progress import progress_callback
 from slidedp.errors import SlideDPError
 from slidedp.model_spec import load_model_spec
 from slidedp.problem import resolve_budget, resolve_hardware
+from slidedp.state_choice import state_options
 from slidedp.tune import TuneSpace, tune
 
 
@@ -30,7 +31,8 @@ def run_tune(args: argparse.Namespace) -> int:
     hw = resolve_hardware(args.hardware, args.gpus)
     budget = resolve_budget(hw, args.gpu_budget, args.host_limit)
     batch = global_batch_from(args, hw.num_gpus)
-    space = TuneSpace(clipping=not args.no_clip, gpu_state=not args.no_gpu_state)
+    space = TuneSpace(clipping=not args.no_clip, gpu_state=not args.no_gpu_state,
+                      states=state_options(getattr(args, "state", "fp32")))
     if args.chunks:
         space = replace(space, chunks_per_layer=tuple(args.chunks))
     with progress_callback("tuning") as progress:
@@ -54,15 +56,22 @@ def _print(table, result, model: str, hardware: str, seq: int, batch: int, out: 
                   f"top {sum(c.sim is not None for c in result.candidates)} refined with the simulator, "
                   f"{result.elapsed_s:.1f} s")
     view = Table(title="Best policies (simulated where refined, else analytical)")
-    for col in ("#", "step s", "tok/s", "limit", "GPU GiB", "routes", "chunks/depth", "act", "mb x acc", "update",
-                "thr"):
-        view.add_column(col, justify="right" if col in ("#", "step s", "tok/s", "GPU GiB") else "left")
+    for col in ("#", "step s", "tok/s", "limit", "GPU GiB", "host GiB", "state", "routes", "chunks/depth", "act",
+                "mb x acc", "update", "thr"):
+        view.add_column(col, justify="right" if col in ("#", "step s", "tok/s", "GPU GiB", "host GiB") else "left")
     short = {"replicated": "rep", "sharded": "shard", "per_rank": "rank", "reduce_scatter": "RS"}
     for row in table.head(show).itertuples():
         step = row.model_step_s if pd.isna(row.sim_step_s) else row.sim_step_s
         view.add_row(str(row.rank), f"{step:.3f}", f"{row.tokens_per_s:,.0f}", row.limiter, f"{row.gpu_peak_gib:.1f}",
-                     f"{short[row.param_route]}/{short[row.grad_route]}",
+                     f"{row.host_gib:.1f}", row.state, f"{short[row.param_route]}/{short[row.grad_route]}",
                      f"{row.chunks_per_layer}/{row.prefetch_depth}", row.activation,
                      f"{row.micro_batch}x{row.accumulation}", row.update_schedule, str(row.adam_threads))
     console.print(view)
+    best = result.workloads[id(result.best.policy)]
+    choice = result.state_choice
+    console.print(f"host state {best.state.name}: {result.best.memory.host_bytes_per_param:.2f} B/param, "
+                  f"host {result.best.memory.host_total_gib():.1f} GiB"
+                  + (f"; chosen by --state auto: {choice.reason}" if choice else ""))
+    if not best.state_update_rate_measured:
+        console.print(best.state_update_rate_note)
     console.print(f"wrote policy {out} and ranked table {ranked}")
