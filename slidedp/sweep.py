@@ -18,7 +18,7 @@ from slidedp.model import estimate_step
 from slidedp.model_spec import ModelSpec
 from slidedp.peers import SLIDEDP, check_system, estimate_peer_memory, peer_step, simulate_peer
 from slidedp.policy import Policy
-from slidedp.problem import HOST_USABLE_FRACTION, Budget
+from slidedp.problem import Budget
 from slidedp.sim import simulate
 from slidedp.state_choice import AUTO, choose_state, state_options
 from slidedp.state_precision import EXACT
@@ -59,7 +59,8 @@ def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batche
     ``policies`` apply to SlideDP, in each of ``states`` (StatePrecision names, or ``auto``: the mode
     slidedp.state_choice picks at that point); every other system runs as that peer does. The analytical model
     covers SlideDP only, so ``simulate_points=False`` refuses peers. ``fits``: the GPU peak within the GPU budget
-    and the host memory within HOST_USABLE_FRACTION of the host's."""
+    (default: the GPU's whole memory) and the host memory within the host's whole memory (simulate and tune plan
+    with margins below both: slidedp.problem)."""
     for g in gpus:
         if g > hw.num_gpus:
             raise SlideDPError(f"GPU count {g} exceeds the {hw.num_gpus} GPU(s) of {hw.name!r}")
@@ -74,7 +75,7 @@ def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batche
     if not grid:
         raise SlideDPError("no grid point has a batch divisible by its GPU count")
     budget = Budget((gpu_budget_gib if gpu_budget_gib is not None else hw.gpu.memory_gib) * GIB,
-                    HOST_USABLE_FRACTION * hw.host.memory_gib * GIB)
+                    hw.host.memory_gib * GIB)
     rows = []
     for i, (seq, batch, g, (system, name, policy, state)) in enumerate(grid):
         machine = hw if g == hw.num_gpus else hw.with_gpus(g)

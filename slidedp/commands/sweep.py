@@ -32,7 +32,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     Console().print(f"{len(table)} points written to {out}")
     Console().print(table[["gpus", "seq", "batch", "system", "policy", "state", "step_s", "tokens_per_s", "limiter",
                            "host_gib", "fits"]].to_string(index=False))
-    derived = sorted(set(table.state[table.get("update_rate", "") == "derived from DRAM bytes"]))
+    derived = sorted(set(table.state[table.update_rate == "derived from DRAM bytes"])) \
+        if "update_rate" in table else []
     if derived:
         Console().print(f"CPU update rates of {', '.join(derived)} state are DERIVED from the measured fp32 rate by "
                         f"DRAM bytes, not measured on {hw.name}")
