@@ -11,6 +11,7 @@ step time (within the simulator's own error, see benchmarks/RESULTS.md) does not
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 from slidedp.errors import SlideDPError
@@ -30,8 +31,6 @@ def state_options(text: str) -> tuple[str, ...]:
 
 def state_arg(text: str) -> str:
     """argparse type of ``--state``: ``auto`` or a StatePrecision name, normalised."""
-    import argparse
-
     try:
         options = state_options(text)
     except SlideDPError as exc:

@@ -72,7 +72,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fit_or_none(w: StepWorkload, budget: Budget) -> tuple[StepEstimate, list[str]]:
+def _estimate_and_shortfalls(w: StepWorkload, budget: Budget) -> tuple[StepEstimate, list[str]]:
     est = estimate_step(w)
     return est, memory_shortfalls(est.memory, budget.gpu_bytes, budget.host_bytes)
 
@@ -81,18 +81,20 @@ def _simulate_state(w: StepWorkload, state: str | None, budget: Budget
                     ) -> tuple[StepWorkload, StepEstimate, SimResult, StateChoice | None]:
     """The policy's step in host-state precision ``state`` (None: the policy's own), simulated; with ``auto``
     every mode is simulated where it fits and slidedp.state_choice picks one. Refuses a step that does not fit."""
-    if state is None or state != AUTO:
+    if state != AUTO:
         if state is not None:
             w = StepWorkload(w.model, w.hw, w.policy.with_(state=state), w.seq, w.global_batch, units=w.units)
-        est, problems = _fit_or_none(w, budget)
+        est, problems = _estimate_and_shortfalls(w, budget)
         if problems:
-            raise SlideDPError(f"policy does not fit (host state {w.state.name}): " + "; ".join(problems))
+            hint = ("; compact host state needs less (--state auto, or e.g. --state bf16+int8)"
+                    if w.state.is_exact and any(p.startswith("host memory") for p in problems) else "")
+            raise SlideDPError(f"policy does not fit (host state {w.state.name}): " + "; ".join(problems) + hint)
         return w, est, simulate(w), None
     runs: dict[str, tuple[StepWorkload, StepEstimate, SimResult]] = {}
     misfits: dict[str, list[str]] = {}
     for mode in state_options(AUTO):
         wm = StepWorkload(w.model, w.hw, w.policy.with_(state=mode), w.seq, w.global_batch, units=w.units)
-        est, problems = _fit_or_none(wm, budget)
+        est, problems = _estimate_and_shortfalls(wm, budget)
         if problems:
             misfits[mode] = problems
         else:
