@@ -18,7 +18,7 @@ class _Sums:
     """Per-rank sums over units that every closed form below is built from."""
 
     total_params: float  # parameters updated on the host (GPU-state units excluded)
-    fetched_params: float  # forward fetch plus backward re-fetch of units not resident at the turnaround
+    fetched_params: float  # forward fetch plus backward re-fetch (Workload.refetched_in_backward)
     fetch_ops: int
     host_units: int  # units whose gradients leave the GPU
     allreduce_bytes: float  # per rank, GPU-state units' gradients
@@ -37,7 +37,7 @@ def _sums(w: StepWorkload) -> _Sums:
         if w.gpu_state(u):
             allreduce += w.allreduce_bytes(u)
         else:
-            fetches = 1 if w.resident_in_backward(u) else 2
+            fetches = 2 if w.refetched_in_backward(u) else 1
             total += unit.params
             fetched += fetches * unit.params
             fetch_ops += fetches

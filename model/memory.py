@@ -1,9 +1,11 @@
 """GPU peak and host bytes of a step, so infeasible policies are rejected before anything is timed.
 
-Host state is one authoritative copy for all ranks: fp32 master weights, Adam m and v (12 B/param) and
-one bf16 slot per parameter (2 B) that holds the gradient from its D2H until the update and the new
-bf16 weights from the cast until the next step's H2D. A unit's backward re-fetch precedes its gradient,
-so the two uses of the slot never overlap: 14 B/param where peers need 16 or more.
+Host state is one authoritative copy for all ranks: master weights, Adam m and v and one bf16 slot per
+parameter that holds the gradient from its D2H until the update and the new bf16 weights from the cast until
+the next step's H2D. A unit's backward re-fetch precedes its gradient, so the two uses of the slot never
+overlap. Its bytes per parameter come from the policy's StatePrecision: 14 for exact fp32 state where peers
+need 16 or more, ~8 with 8-bit moments, ~6 with a bf16 master too. GPU-held units keep fp32 state on the GPU
+(16 B/param there) and still have their copy in the host state.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from slidedp.workload import StepWorkload
 # Live bytes per logit of one loss chunk (bf16 logits, their fp32 upcast, the softmax gradient): 8 matches the
 # 13 measured H200 peaks (Qwen3-4B/8B, 4K-128K tokens) within 10% at 32K-128K; see benchmarks/RESULTS.md.
 LOGITS_BYTES_PER_ELEMENT = 8
+# A GPU-held unit's optimizer state: fp32 master, m, v and fp32 gradient, whatever the host state's precision.
+GPU_STATE_BYTES_PER_PARAM = 16
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,7 @@ def estimate_memory(w: StepWorkload) -> MemoryEstimate:
     # The tied matrix accumulates head + lookup gradients in fp32 (counted below when it is a GPU-state unit).
     grads += sum(4 * u.params for u, g in zip(units, on_gpu, strict=True) if u.pinned and not g)
     # GPU-state units hold fp32 master, m, v all step and their fp32 gradient from backward to the update.
-    optimizer = sum(16 * u.params for u, g in zip(units, on_gpu, strict=True) if g)
+    optimizer = sum(GPU_STATE_BYTES_PER_PARAM * u.params for u, g in zip(units, on_gpu, strict=True) if g)
     if w.routes.reduce_scatters:
         # The runtime's reduce-scatter output (this rank's fp32 shards of a unit) and one padded chunk input.
         largest_unit = max(u.params for u in units)
@@ -123,7 +127,7 @@ def estimate_memory(w: StepWorkload) -> MemoryEstimate:
     loss = loss_bytes(w)
 
     params = m.total_params
-    state_per_param = 12 + (BF16_BYTES if pol.grad_dtype == "bf16" else BF16_BYTES + 4)
+    state_per_param = w.state.host_bytes_per_param(pol.grad_bytes)
     # The per-rank gradient route lands each rank's copy of one unit's gradient in that rank's own buffer
     # until the owners have summed them (the runtime holds one unit per rank: a barrier per unit in backward).
     buffers = w.ranks * pol.grad_bytes * max(u.params for u in units) if w.routes.cpu_reduces else 0.0

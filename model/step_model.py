@@ -237,7 +237,7 @@ class _Recurrence:
             later = u + depth
             gate = self.bwd_end[later] if later < nu else 0.0
             ready, why = self.gpu, "bubble"
-            if not w.resident_in_backward(u):
+            if w.refetched_in_backward(u):
                 ready, why = self._deliver(u, gate, False)
             if self.ckpt_in[u]:
                 self.h2d_t = max(self.h2d_t, self.ckpt_end[u], gate) + self.ckpt_in[u]
@@ -270,10 +270,9 @@ class _Recurrence:
         """Host DRAM bytes and PCIe duplex bytes (all ranks) issued in the forward and backward windows."""
         w = self.w
         nu = len(w.units)
-        resident = [w.resident_in_backward(u) for u in range(nu)]
         fwd_host = sum(self.host_h2d) + sum(self.host_ag) + sum(self.host_ckpt)
         fwd_pcie = sum(self.host_h2d) + sum(self.host_ckpt) + sum(self.pcie_ag)
-        refetch = [u for u in range(nu) if not resident[u]]  # GPU-state units are resident
+        refetch = [u for u in range(nu) if w.refetched_in_backward(u)]  # GPU-state units are resident
         bwd_host = (sum(self.host_h2d[u] + self.host_ag[u] for u in refetch) + sum(self.host_ckpt)
                     + sum(self.host_d2h) + sum(self.host_rs))
         bwd_pcie = (sum(self.host_h2d[u] + self.pcie_ag[u] for u in refetch) + sum(self.host_ckpt)

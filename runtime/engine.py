@@ -5,7 +5,8 @@ Order of work, per step (layer-major: each unit is streamed once for all micro-b
              micro-batch through it, keep or offload its input checkpoint, release it when the prefetch
              window moves on; the head computes the chunked cross-entropy *and* its own gradients, so full
              logits never exist and the head is never fetched twice.
-  backward - for each unit in reverse: re-fetch it unless it is still resident, recompute (or replay the
+  backward - for each unit in reverse: re-fetch it unless it is still resident or its backward reads no
+             weights (the embedding: slidedp.units.refetched_in_backward), recompute (or replay the
              kept graph), accumulate fp32 gradients over micro-batches, add the squared norm, cast, and
              copy the gradient chunk by chunk into the host slot on the D2H stream.
   finish   - global gradient norm, clip coefficient, skip on a non-finite norm, and AdamW per chunk on the
@@ -53,7 +54,7 @@ from slidedp.runtime.seq_tiles import run_layer
 from slidedp.runtime.streaming import ActivationOffload, DeviceUnit, ParamStreamer
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.runtime.updates import HostUpdater
-from slidedp.units import check_gpu_state_units, resident_in_backward, unit_work
+from slidedp.units import check_gpu_state_units, refetched_in_backward, resident_in_backward, unit_work
 
 __all__ = ["EngineConfig", "StepStats", "StreamingEngine", "shared_buffer_sizes"]
 
@@ -149,6 +150,9 @@ class StreamingEngine:
         # Units that stay on the GPU from forward into backward (the rule the simulator's schedule uses).
         self._resident = (True,) * len(self.units) if resident else \
             resident_in_backward(self._work, pol.prefetch_depth, pol.gpu_state_units)
+        # Units backward copies in again (not the embedding, whose backward reads no weights).
+        self._refetched = (False,) * len(self.units) if resident else \
+            refetched_in_backward(self._work, pol.prefetch_depth, pol.gpu_state_units)
         held = 0 if resident else pol.gpu_state_units  # resident weights need no GPU optimizer state
         self.gpu_held = GpuHeldUnits(self.units, held, device, cdt, recorder, self.comm)
         self.table = ChunkTable(self.units, self.routes, self.comm.rank, host_units_from=held, flags=host.flags)
@@ -204,7 +208,8 @@ class StreamingEngine:
             self._forward_unit(st, u)
         for u in range(n_units - 2, -1, -1):  # the head's backward ran with its loss
             for v in range(u, max(-1, u - depth), -1):
-                self._ensure(st, v)
+                if v in st.live or self._refetched[v]:  # the embedding's backward reads no weights
+                    self._ensure(st, v)
             self._backward_unit(st, u)
         for du in list(st.live.values()):
             self.params.release(du)
@@ -337,11 +342,12 @@ class StreamingEngine:
     # ---- backward ---------------------------------------------------------------------------------------------
     def _backward_unit(self, st: _Step, u: int) -> None:
         dev, unit = self.device, self.units[u]
-        du = st.live[u]
+        du = st.live.get(u)  # None: a unit whose backward reads no weights (the embedding) and was not kept
         reload_ev = None
         if self.policy.activation == "offload" and unit.kind == "layer" and not self._resident[u]:
             st.ckpt[u], reload_ev = self.offload.reload(u, st.ckpt[u])
-        dev.wait(dev.compute, du.ready)
+        if du is not None:
+            dev.wait(dev.compute, du.ready)
         dev.wait(dev.compute, reload_ev)
         dev.wait(dev.compute, st.grad_done.get(u + self.policy.prefetch_depth))  # bounded gradients in flight
         with self.recorder.span("gpu", "bwd", u, flops=self._work[u].bwd_flops):

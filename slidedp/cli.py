@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from slidedp.arg_types import non_negative_int, positive_float, positive_int
 from slidedp.errors import SlideDPError
+from slidedp.state_choice import state_arg
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--policy", help="policy YAML (default: sharded routes, recompute, micro-batch 1)")
     sim.add_argument("--system", default="slidedp", metavar="NAME",
                      help="slidedp (default) or a peer: " + ", ".join(_peer_names()))
+    sim.add_argument("--state", type=state_arg, metavar="MODE",
+                     help="host optimizer state precision: fp32 (exact), a compact mode (" + _state_names()
+                     + ") or auto: simulate each and pick by the rule in slidedp.state_choice (default: the "
+                     "policy's, fp32 unless it says otherwise)")
+    sim.add_argument("--peers", action="store_true",
+                     help="also print the host bytes per parameter each peer system needs for this model")
     sim.add_argument("--trace", help="write the simulated trace (.json for Perfetto, .csv or .parquet)")
     sim.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
     sim.add_argument("--out", help="write a run directory (trace, exposure, summary, policy, hardware) here")
@@ -64,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--seq-tiles", type=non_negative_int, nargs="+", metavar="TOKENS",
                       help="sequence tiles (policy.seq_tile_tokens) to try when no untiled policy fits "
                            "(default 4096, 8192, ... below a micro-batch's tokens; 0: never tile)")
+    tune.add_argument("--state", type=state_arg, default="fp32", metavar="MODE",
+                      help="host optimizer state precision: fp32 (exact, default), a compact mode (" + _state_names()
+                      + ") or auto: let the tuner choose (exact unless it does not fit or a compact mode is "
+                      "predicted >10%% faster; see slidedp.state_choice)")
     tune.add_argument("--top-k", type=positive_int, default=6, help="candidates refined with the simulator (default 6)")
     tune.add_argument("--out", default="policy.yaml", help="where to write the winning policy (default policy.yaml)")
     tune.add_argument("--table", help="ranked table CSV (default: <out>_ranked.csv)")
@@ -82,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--systems", nargs="+", default=["slidedp"], metavar="NAME",
                        help="systems to sweep: slidedp (with each of --policies) and/or peers: "
                        + ", ".join(_peer_names()))
+    sweep.add_argument("--state", type=state_arg, nargs="+", default=["fp32"], metavar="MODE",
+                       help="host optimizer state precisions, one row each: fp32 (exact, default), compact modes ("
+                       + _state_names() + ") and/or auto (per point, the mode slidedp.state_choice picks)")
     sweep.add_argument("--analytical", action="store_true", help="use the analytical model only (fast; slidedp only)")
     sweep.add_argument("--out", default="sweep.csv", help="tidy table (.csv or .parquet; default sweep.csv)")
     sweep.set_defaults(func=_command("sweep", "run_sweep_command"))
@@ -118,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--out", help="write the table as CSV (for slidedp report --validation)")
     val.set_defaults(func=_command("validate", "run_validate"))
     return parser
+
+
+def _state_names() -> str:
+    from slidedp.state_precision import STATE_CHOICES
+
+    return ", ".join(s.name for s in STATE_CHOICES[1:])
 
 
 def _peer_names() -> list[str]:

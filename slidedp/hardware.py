@@ -193,6 +193,13 @@ class HostSpec:
         """Parameters per second one optimizer worker with ``threads`` threads updates."""
         return interpolate_curve(self.adam_gparams_per_s, threads) * 1e9
 
+    def measured_state_update_rate(self, mode: str, threads: int) -> float | None:
+        """Parameters per second of the one-pass update of host-state mode ``mode`` (a StatePrecision name) with
+        ``threads`` threads, as calibrated: ``adam_gparams_per_s`` for ``fp32``, else
+        ``state_update_gparams_per_s[mode]``; None where this host has not measured the mode."""
+        curve = self.adam_gparams_per_s if mode == "fp32" else self.state_update_gparams_per_s.get(mode)
+        return None if curve is None else interpolate_curve(curve, threads) * 1e9
+
     def cast_rate(self, threads: int) -> float:
         return interpolate_curve(self.cast_gelems_per_s, threads) * 1e9
 

@@ -11,17 +11,38 @@ used by the workload, the runtime's trace annotations and the calibration fits a
 from __future__ import annotations
 
 from slidedp.hardware import GB, HardwareProfile
+from slidedp.state_precision import EXACT, GRAD_SLOT_BYTES, StatePrecision
 
-# DRAM bytes per parameter of the CPU passes (fp32 master, m and v are 4 bytes each).
+# DRAM bytes per parameter of the CPU passes of exact fp32 state (fp32 master, m and v are 4 bytes each).
 ADAM_HOST_BYTES_BASE = 24  # read p, m, v + write p, m, v; the gradient read is added per dtype
 CAST_HOST_BYTES = 6  # read fp32 master, write bf16 copy for the next step's H2D
-BF16_WRITE_BYTES = 2  # the one-pass kernel also writes the bf16 weights the next H2D reads
+BF16_WRITE_BYTES = GRAD_SLOT_BYTES  # the one-pass kernel also writes the bf16 weights the next H2D reads
+
+
+def has_cast_pass(state: StatePrecision, fused_cast: bool) -> bool:
+    """A separate fp32 -> bf16 cast pass follows the update only with an fp32 master and an optimizer kernel that
+    does not write the bf16 copy itself: a bf16 master is the streamed weight, so nothing is cast."""
+    return not fused_cast and not state.master_streams
+
+
+def update_host_bytes_per_param(state: StatePrecision, grad_bytes: int, fused_cast: bool) -> float:
+    """DRAM bytes one parameter's optimizer update moves in the precision ``state``
+    (StatePrecision.update_dram_bytes_per_param), less the bf16 weights write where a separate cast pass does it.
+    Exact fp32 state: 28 B with bf16 gradients and the one-pass kernel, 26 without it (plus the 6 B cast)."""
+    full = state.update_dram_bytes_per_param(grad_bytes)
+    return full - GRAD_SLOT_BYTES if has_cast_pass(state, fused_cast) else full
+
+
+def cast_host_bytes_per_param(state: StatePrecision, fused_cast: bool) -> float:
+    """DRAM bytes per parameter of the separate cast pass (0 where there is none, see has_cast_pass)."""
+    return CAST_HOST_BYTES if has_cast_pass(state, fused_cast) else 0.0
 
 
 def adam_host_bytes_per_param(grad_bytes: int, fused_cast: bool) -> int:
-    """DRAM bytes one parameter's AdamW moves: read p, m, v and the gradient, write p, m, v, and with the
-    one-pass kernel (``fused_cast``) the bf16 weights as well (28 B with bf16 gradients)."""
-    return ADAM_HOST_BYTES_BASE + grad_bytes + (BF16_WRITE_BYTES if fused_cast else 0)
+    """DRAM bytes one parameter's exact fp32 AdamW moves: read p, m, v and the gradient, write p, m, v, and with
+    the one-pass kernel (``fused_cast``) the bf16 weights as well (28 B with bf16 gradients). The fp32 case of
+    update_host_bytes_per_param, kept for the fp32 calibration fits."""
+    return int(update_host_bytes_per_param(EXACT, grad_bytes, fused_cast))
 
 
 # The one-pass kernel with bf16 gradients: read p, m, v + bf16 grad, write p, m, v + bf16 weights.

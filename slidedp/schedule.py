@@ -158,7 +158,7 @@ class _Builder:
             unit = w.units[u]
             later = u + self.depth  # the unit whose buffers this one reuses in backward order
             deps_by_rank: dict[int, list[int]] = {r: [] for r in range(self.n)}
-            if not w.resident_in_backward(u):
+            if w.refetched_in_backward(u):
                 delivered = self.deliver_params(
                     u, lambda r, later=later: self.bwd[(later, r)] if later < self.u_count else None)
                 for r in range(self.n):

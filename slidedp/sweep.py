@@ -18,7 +18,10 @@ from slidedp.model import estimate_step
 from slidedp.model_spec import ModelSpec
 from slidedp.peers import SLIDEDP, check_system, estimate_peer_memory, peer_step, simulate_peer
 from slidedp.policy import Policy
+from slidedp.problem import Budget
 from slidedp.sim import simulate
+from slidedp.state_choice import AUTO, choose_state, state_options
+from slidedp.state_precision import EXACT
 from slidedp.trace import EXPOSURE_CATEGORIES
 from slidedp.workload import StepWorkload
 
@@ -49,11 +52,15 @@ def fit_batch(policy: Policy, per_rank: int) -> Policy:
 def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batches: Sequence[int],
               gpus: Sequence[int], policies: Sequence[tuple[str, Policy]], gpu_budget_gib: float | None = None,
               simulate_points: bool = True, progress: Callable[[int, int], None] | None = None,
-              systems: Sequence[str] = (SLIDEDP,)) -> pd.DataFrame:
-    """One row per (seq, batch, gpus, system, policy); batches that the GPU count does not divide are skipped.
+              systems: Sequence[str] = (SLIDEDP,), states: Sequence[str] = ("fp32",)) -> pd.DataFrame:
+    """One row per (seq, batch, gpus, system, policy, host-state precision); batches that the GPU count does not
+    divide are skipped.
 
-    ``policies`` apply to SlideDP; every other system runs as that peer does. The analytical model covers SlideDP
-    only, so ``simulate_points=False`` refuses peers."""
+    ``policies`` apply to SlideDP, in each of ``states`` (StatePrecision names, or ``auto``: the mode
+    slidedp.state_choice picks at that point); every other system runs as that peer does. The analytical model
+    covers SlideDP only, so ``simulate_points=False`` refuses peers. ``fits``: the GPU peak within the GPU budget
+    (default: the GPU's whole memory) and the host memory within the host's whole memory (simulate and tune plan
+    with margins below both: slidedp.problem)."""
     for g in gpus:
         if g > hw.num_gpus:
             raise SlideDPError(f"GPU count {g} exceeds the {hw.num_gpus} GPU(s) of {hw.name!r}")
@@ -61,16 +68,21 @@ def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batche
     peers = [s for s in systems if s != SLIDEDP]
     if peers and not simulate_points:
         raise SlideDPError(f"the analytical model covers slidedp only; simulate {', '.join(peers)} instead")
-    entries = ([(SLIDEDP, name, policy) for name, policy in policies] if SLIDEDP in systems else []) \
-        + [(s, "", None) for s in peers]
+    entries = ([(SLIDEDP, name, policy.with_(state=state) if state != AUTO else policy, state)
+                for name, policy in policies for state in states] if SLIDEDP in systems else []) \
+        + [(s, "", None, "") for s in peers]
     grid = [(s, b, g, e) for s, b, g, e in itertools.product(seqs, batches, gpus, entries) if b % g == 0]
     if not grid:
         raise SlideDPError("no grid point has a batch divisible by its GPU count")
-    budget = (gpu_budget_gib if gpu_budget_gib is not None else hw.gpu.memory_gib) * GIB
+    budget = Budget((gpu_budget_gib if gpu_budget_gib is not None else hw.gpu.memory_gib) * GIB,
+                    hw.host.memory_gib * GIB)
     rows = []
-    for i, (seq, batch, g, (system, name, policy)) in enumerate(grid):
+    for i, (seq, batch, g, (system, name, policy, state)) in enumerate(grid):
         machine = hw if g == hw.num_gpus else hw.with_gpus(g)
-        if system == SLIDEDP:
+        if system == SLIDEDP and state == AUTO:
+            rows.append(_auto_state_row(model, machine, hw.name, seq, batch, g, name, policy, budget,
+                                        simulate_points))
+        elif system == SLIDEDP:
             rows.append(_slidedp_row(model, machine, hw.name, seq, batch, g, name, policy, budget, simulate_points))
         else:
             rows.append(_peer_row(model, machine, hw.name, seq, batch, g, system, budget))
@@ -79,16 +91,35 @@ def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batche
     return pd.DataFrame(rows)
 
 
+def _fits(gpu_peak: float, host_total: float, budget: Budget) -> bool:
+    return bool(gpu_peak <= budget.gpu_bytes and host_total <= budget.host_bytes)
+
+
+def _auto_state_row(model: ModelSpec, machine: HardwareProfile, hw_name: str, seq: int, batch: int, g: int,
+                    name: str, policy: Policy, budget: Budget, simulate_points: bool) -> dict:
+    """The row of the mode slidedp.state_choice picks among every host-state precision at this point (by simulated
+    step time, or analytical with ``simulate_points=False``); if none fits, the exact mode's row."""
+    rows = {mode: _slidedp_row(model, machine, hw_name, seq, batch, g, name, policy.with_(state=mode), budget,
+                               simulate_points) for mode in state_options(AUTO)}
+    if not any(r["fits"] for r in rows.values()):
+        return {**rows[EXACT.name], "state_reason": "no mode fits"}
+    choice = choose_state({m: (r["step_s"] if r["fits"] else None) for m, r in rows.items()})
+    return {**rows[choice.state], "state_reason": f"auto: {choice.reason}"}
+
+
 def _slidedp_row(model: ModelSpec, machine: HardwareProfile, hw_name: str, seq: int, batch: int, g: int, name: str,
-                 policy: Policy, budget: float, simulate_points: bool) -> dict:
+                 policy: Policy, budget: Budget, simulate_points: bool) -> dict:
     fitted = fit_batch(policy, batch // g)
     w = StepWorkload(model, machine, fitted, seq, batch)
     est = estimate_step(w)
     row = {"model": model.name, "hardware": hw_name, "gpus": g, "seq": seq, "batch": batch,
            "tokens_per_step": w.tokens_per_step, "system": SLIDEDP, "policy": name, "micro_batch": fitted.micro_batch,
-           "accumulation": fitted.accumulation, "model_step_s": est.step_time_s,
+           "accumulation": fitted.accumulation, "state": w.state.name,
+           "host_state_bytes_per_param": est.memory.host_bytes_per_param,
+           "update_rate": "measured" if w.state_update_rate_measured else "derived from DRAM bytes",
+           "model_step_s": est.step_time_s,
            "lower_bound_s": est.lower_bound_s, "gpu_peak_gib": est.memory.gpu_peak / GIB,
-           "host_gib": est.memory.host_total / GIB, "fits": bool(est.memory.gpu_peak <= budget)}
+           "host_gib": est.memory.host_total / GIB, "fits": _fits(est.memory.gpu_peak, est.memory.host_total, budget)}
     if simulate_points:
         sim = simulate(w)
         exposure = sim.mean_exposure()
@@ -103,7 +134,7 @@ def _slidedp_row(model: ModelSpec, machine: HardwareProfile, hw_name: str, seq: 
 
 
 def _peer_row(model: ModelSpec, machine: HardwareProfile, hw_name: str, seq: int, batch: int, g: int, system: str,
-              budget: float) -> dict:
+              budget: Budget) -> dict:
     step = peer_step(system, model, machine, seq, batch)
     mem = estimate_peer_memory(step)
     sim = simulate_peer(step)
@@ -111,8 +142,10 @@ def _peer_row(model: ModelSpec, machine: HardwareProfile, hw_name: str, seq: int
     w = step.w
     return {"model": model.name, "hardware": hw_name, "gpus": g, "seq": seq, "batch": batch,
             "tokens_per_step": w.tokens_per_step, "system": system, "policy": "",
-            "micro_batch": w.policy.micro_batch, "accumulation": 1, "model_step_s": float("nan"),
+            "micro_batch": w.policy.micro_batch, "accumulation": 1, "state": "",
+            "host_state_bytes_per_param": mem.host_bytes_per_param, "model_step_s": float("nan"),
             "lower_bound_s": float("nan"), "gpu_peak_gib": mem.gpu_peak / GIB, "host_gib": mem.host_total / GIB,
-            "fits": bool(mem.gpu_peak <= budget), "step_s": sim.step_time_s, "tokens_per_s": sim.tokens_per_s,
+            "fits": _fits(mem.gpu_peak, mem.host_total, budget), "step_s": sim.step_time_s,
+            "tokens_per_s": sim.tokens_per_s,
             "limiter": sim.limiter, "bottleneck": sim.bottleneck, "compute_s": sim.compute_s,
             **{f"exposed_{c}_s": exposure[c] for c in EXPOSURE_CATEGORIES}, "source": "simulated"}

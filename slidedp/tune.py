@@ -23,6 +23,7 @@ from slidedp.model_spec import ModelSpec
 from slidedp.policy import ACTIVATION_POLICIES, GRAD_ROUTES, PARAM_ROUTES, UPDATE_SCHEDULES, Policy
 from slidedp.problem import Budget
 from slidedp.sim import SimResult, simulate
+from slidedp.state_choice import StateChoice, choose_state
 from slidedp.trace import EXPOSURE_CATEGORIES
 from slidedp.units import Unit, build_units
 from slidedp.workload import StepWorkload
@@ -52,6 +53,9 @@ class TuneSpace:
     # takes the largest tile that fits. None: 4096 tokens doubling while below a micro-batch's tokens; ()
     # never tiles.
     seq_tiles: tuple[int, ...] | None = None
+    # Host optimizer state precisions (StatePrecision names) the tuner may choose from: exact fp32 only unless
+    # the user allows compact state (``--state auto``); slidedp.state_choice says how it chooses among several.
+    states: tuple[str, ...] = ("fp32",)
 
 
 @dataclass
@@ -73,6 +77,7 @@ class TuneResult:
     enumerated: int
     elapsed_s: float
     workloads: dict[int, StepWorkload] = field(default_factory=dict, repr=False)
+    state_choice: StateChoice | None = None  # how the host-state precision was chosen (None: one mode allowed)
 
     def table(self) -> pd.DataFrame:
         """One row per feasible candidate, best first: predictions, memory and the policy's fields."""
@@ -91,6 +96,7 @@ class TuneResult:
                    for c in EXPOSURE_CATEGORIES},
                 "gpu_peak_gib": mem.gpu_peak / GIB,
                 "host_gib": mem.host_total / GIB,
+                "host_state_bytes_per_param": mem.host_bytes_per_param,
             }
             row.update(cand.policy.to_dict())
             rows.append(row)
@@ -114,12 +120,12 @@ def enumerate_policies(space: TuneSpace, hw: HardwareProfile, global_batch: int)
     if not schedules:
         raise SlideDPError("no update schedule left: as_ready cannot clip the global gradient norm")
     policies = []
-    for pr, gr, ch, pd_, act, mb, sched, th in itertools.product(
-            param_routes, grad_routes, space.chunks_per_layer, space.prefetch_depths, space.activations, micro,
-            schedules, threads):
+    for state, pr, gr, ch, pd_, act, mb, sched, th in itertools.product(
+            space.states, param_routes, grad_routes, space.chunks_per_layer, space.prefetch_depths, space.activations,
+            micro, schedules, threads):
         policies.append(Policy(param_route=pr, grad_route=gr, chunks_per_layer=ch, prefetch_depth=pd_,
                                activation=act, micro_batch=mb, accumulation=per_rank // mb, adam_threads=th,
-                               update_schedule=sched))
+                               update_schedule=sched, state=state))
     return policies
 
 
@@ -201,8 +207,9 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
                     break
     if not feasible:
         if smallest_gpu == float("inf"):
+            hint = "" if len(space.states) > 1 else "; compact host state (--state auto) needs less"
             raise SlideDPError(f"no policy fits the host memory limit of {budget.host_bytes / GIB:.1f} GiB; "
-                               f"the smallest needs {smallest_host / GIB:.1f} GiB")
+                               f"the smallest needs {smallest_host / GIB:.1f} GiB{hint}")
         p = smallest_policy
         tiled = f", sequence tile {p.seq_tile_tokens}" if p.seq_tile_tokens else ""
         raise SlideDPError(f"no policy fits a GPU budget of {budget.gpu_bytes / GIB:.1f} GiB; the smallest "
@@ -210,15 +217,27 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
                            f"micro-batch {p.micro_batch}, prefetch {p.prefetch_depth}, {p.chunks_per_layer} chunks"
                            f"{tiled})")
     feasible.sort(key=lambda c: c.estimate.step_time_s)
-    for j, cand in enumerate(feasible[:refine_top]):
+    # The top candidates, plus the analytically best of every host-state mode not among them, so each mode's
+    # best is simulated before the modes are compared (one mode: exactly the top candidates).
+    to_refine = feasible[:refine_top]
+    for state in space.states:
+        if not any(c.policy.state == state for c in to_refine):
+            to_refine += [c for c in feasible if c.policy.state == state][:1]
+    for j, cand in enumerate(to_refine):
         cand.sim = simulate(workloads[id(cand.policy)])
         if progress:
-            progress(len(policies) + j, total)
-    # Among simulated times within 0.1% of each other prefer the policy that needs less GPU memory.
-    fastest = min(c.sim.step_time_s for c in feasible[:refine_top])
-    refined = sorted(feasible[:refine_top],
-                     key=lambda c: (round(c.sim.step_time_s / fastest, 3), c.memory.gpu_peak, c.sim.step_time_s))
-    ranked = refined + feasible[refine_top:]
+            progress(len(policies) + min(j, refine_top - 1), total)
+    choice = None
+    if len(space.states) > 1:
+        best_of = {s: min((c.sim.step_time_s for c in to_refine if c.policy.state == s), default=None)
+                   for s in space.states}
+        choice = choose_state(best_of)
+    chosen = choice.state if choice else space.states[0]
+    # The chosen mode first; among simulated times within 0.1% of each other prefer less GPU memory.
+    fastest = min(c.sim.step_time_s for c in to_refine)
+    refined = sorted(to_refine, key=lambda c: (c.policy.state != chosen, round(c.sim.step_time_s / fastest, 3),
+                                               c.memory.gpu_peak, c.sim.step_time_s))
+    ranked = refined + [c for c in feasible if c.sim is None]
     if progress:
         progress(total, total)
-    return TuneResult(ranked[0], ranked, len(policies), time.perf_counter() - t0, workloads)
+    return TuneResult(ranked[0], ranked, len(policies), time.perf_counter() - t0, workloads, choice)

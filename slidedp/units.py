@@ -21,6 +21,13 @@ from slidedp.model_spec import ModelSpec
 RECOMPUTING_ACTIVATIONS: tuple[str, ...] = ("recompute", "offload")
 
 
+def backward_reads_weights(kind: str) -> bool:
+    """Whether a unit of this kind reads its weights in backward. The embedding's backward is an index-add of
+    the output gradient into the rows that were looked up: it needs the token ids and that gradient, never the
+    table, so an embedding that left the GPU after forward is not fetched again for backward."""
+    return kind != "embed"
+
+
 @dataclass(frozen=True)
 class UnitWork:
     """What one unit computes in a step, independent of the machine.
@@ -54,6 +61,10 @@ class UnitWork:
         return (self.linear_flops + self.attention_flops) * self.micro_batches
 
     @property
+    def backward_needs_weights(self) -> bool:
+        return backward_reads_weights(self.kind)
+
+    @property
     def bwd_flops(self) -> float:
         """Includes the recomputed forward where the activation policy (or the chunked loss) recomputes."""
         per_mb = (2 + (1 if self.recompute else 0)) * (self.linear_flops + self.attention_flops) + self.tile_flops
@@ -74,6 +85,10 @@ class Unit:
     bwd_s: float
     checkpoint_bytes: float  # per rank, offloaded to host and reloaded (offload policy only)
     pinned: bool = False  # stays on the GPU all step (a tied embedding, which the head reuses)
+
+    @property
+    def backward_needs_weights(self) -> bool:
+        return backward_reads_weights(self.kind)
 
 
 def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int, seq: int,
@@ -168,3 +183,11 @@ def resident_in_backward(units, prefetch_depth: int, gpu_state_units: int = 0) -
     simulator's schedule and the runtime both follow this."""
     first = len(units) - prefetch_depth
     return tuple(u >= first or u < gpu_state_units or unit.pinned for u, unit in enumerate(units))
+
+
+def refetched_in_backward(units, prefetch_depth: int, gpu_state_units: int = 0) -> tuple[bool, ...]:
+    """Per unit, whether backward copies its weights to the GPU again: it left the GPU after forward (not
+    resident_in_backward) and its backward reads them (``backward_needs_weights``; not the embedding). The
+    simulator's schedule, the analytical model and the runtime all follow this."""
+    resident = resident_in_backward(units, prefetch_depth, gpu_state_units)
+    return tuple(not r and unit.backward_needs_weights for r, unit in zip(resident, units, strict=True))

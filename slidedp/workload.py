@@ -14,9 +14,10 @@ from slidedp.errors import SlideDPError
 from slidedp.hardware import GB, HardwareProfile
 from slidedp.model_spec import BF16_BYTES, ModelSpec
 from slidedp.policy import Policy
-from slidedp.resources import CAST_HOST_BYTES, adam_host_bytes_per_param
+from slidedp.resources import CAST_HOST_BYTES, cast_host_bytes_per_param, update_host_bytes_per_param
 from slidedp.routes import Routes
-from slidedp.units import Unit, build_units, check_gpu_state_units, resident_in_backward
+from slidedp.state_precision import EXACT, StatePrecision
+from slidedp.units import Unit, build_units, check_gpu_state_units, refetched_in_backward, resident_in_backward
 
 
 def default_adam_threads(hw: HardwareProfile, policy: Policy) -> int:
@@ -85,6 +86,15 @@ class StepWorkload:
         """The last ``prefetch_depth`` units of the forward are still on the GPU when backward starts."""
         return self._resident[u]
 
+    @cached_property
+    def _refetched(self) -> tuple[bool, ...]:
+        return refetched_in_backward(self.units, self.policy.prefetch_depth, self.policy.gpu_state_units)
+
+    def refetched_in_backward(self, u: int) -> bool:
+        """Backward copies unit ``u``'s weights in again: it left the GPU and its backward reads them (not the
+        embedding's, see slidedp.units.backward_reads_weights)."""
+        return self._refetched[u]
+
     def offloads_checkpoint(self, u: int) -> bool:
         return self.units[u].checkpoint_bytes > 0 and not self.resident_in_backward(u)
 
@@ -113,15 +123,53 @@ class StepWorkload:
         return self.routes.cpu_reduce_bytes_per_param * params
 
     @cached_property
+    def state(self) -> StatePrecision:
+        """Precision of the host optimizer state (the policy's); GPU-held units keep fp32 state whatever it is."""
+        return self.policy.state_precision
+
+    @cached_property
     def adam_bytes_per_param(self) -> float:
-        return adam_host_bytes_per_param(self.policy.grad_bytes, self.hw.host.fused_cast)
+        """DRAM bytes per parameter of the CPU optimizer update in the host state's precision (28 for exact fp32
+        state with bf16 gradients and the one-pass kernel; see slidedp.resources.update_host_bytes_per_param)."""
+        return update_host_bytes_per_param(self.state, self.policy.grad_bytes, self.hw.host.fused_cast)
 
     def adam_host_bytes(self, params: float) -> float:
         return self.adam_bytes_per_param * params
 
     def cast_host_bytes(self, params: float) -> float:
-        """Zero when the optimizer kernel writes the bf16 copy itself (``HostSpec.fused_cast``)."""
-        return 0.0 if self.hw.host.fused_cast else CAST_HOST_BYTES * params
+        """Zero when the optimizer kernel writes the bf16 copy itself (``HostSpec.fused_cast``) or the master is
+        itself bf16 (nothing to cast)."""
+        return cast_host_bytes_per_param(self.state, self.hw.host.fused_cast) * params
+
+    @cached_property
+    def state_update_rate_measured(self) -> bool:
+        """Whether the host profile has measured the update rate of this state precision (fp32 always is);
+        otherwise ``state_update_params_per_s`` is derived from the fp32 rate (see there)."""
+        return self.hw.host.measured_state_update_rate(self.state.name, self.adam_threads) is not None
+
+    @cached_property
+    def state_update_params_per_s(self) -> float:
+        """Parameters per second one rank's optimizer worker updates in the host state's precision: the host's
+        measured rate of that mode, or else (an assumption until calibrated) the exact fp32 rate scaled by DRAM
+        bytes, i.e. the mode's pass moves DRAM bytes exactly as fast as the fp32 pass does. That ignores the
+        arithmetic a compact mode adds (8-bit (de)quantisation, stochastic rounding), so it is an upper bound
+        where the pass stops being DRAM-bound."""
+        measured = self.hw.host.measured_state_update_rate(self.state.name, self.adam_threads)
+        if measured is not None:
+            return measured
+        fp32_bytes = update_host_bytes_per_param(EXACT, self.policy.grad_bytes, self.hw.host.fused_cast)
+        return self.hw.host.adam_rate(self.adam_threads) * fp32_bytes / self.adam_bytes_per_param
+
+    @property
+    def state_update_rate_note(self) -> str:
+        """One line saying where the update rate comes from, for outputs that print predictions."""
+        rate = self.state_update_params_per_s / 1e9
+        if self.state_update_rate_measured:
+            return f"CPU update rate of {self.state.name} state: {rate:.2f} G params/s (measured)"
+        return (f"CPU update rate of {self.state.name} state: {rate:.2f} G params/s, DERIVED from the measured fp32 "
+                f"rate by DRAM bytes ({self.adam_bytes_per_param:g} vs "
+                f"{update_host_bytes_per_param(EXACT, self.policy.grad_bytes, self.hw.host.fused_cast):g} B/param), "
+                f"not measured on this host")
 
     def cpu_update_host_bytes_per_param(self) -> tuple[float, float, float]:
         """DRAM bytes per parameter of the three CPU passes of an update: gradient sum, AdamW, cast."""
@@ -138,7 +186,7 @@ class StepWorkload:
         return self.hw.host.stream_rate(self.adam_threads)
 
     def adam_cap(self) -> float:
-        return self.hw.host.adam_rate(self.adam_threads) * self.adam_bytes_per_param
+        return self.state_update_params_per_s * self.adam_bytes_per_param
 
     def cast_cap(self) -> float:
         return self.hw.host.cast_rate(self.adam_threads) * CAST_HOST_BYTES

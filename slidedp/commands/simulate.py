@@ -11,13 +11,26 @@ from rich.table import Table
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GIB
 from slidedp.model import estimate_step, memory_shortfalls
+from slidedp.model.step_model import StepEstimate
 from slidedp.model_spec import load_model_spec
-from slidedp.peers import SLIDEDP, estimate_peer_memory, peer_step, peer_system, simulate_peer
-from slidedp.problem import resolve_budget, resolve_hardware, resolve_problem
+from slidedp.peers import (
+    SLIDEDP,
+    SYSTEMS,
+    PeerMemory,
+    PeerStep,
+    estimate_peer_memory,
+    peer_step,
+    peer_system,
+    peer_workload,
+    simulate_peer,
+)
+from slidedp.problem import Budget, resolve_budget, resolve_hardware, resolve_problem
 from slidedp.report.rundir import write_run_dir
 from slidedp.run_summary import AnalyticalStep, MemorySummary, RunSummary, SimulatedStep
-from slidedp.sim import simulate
+from slidedp.sim import SimResult, simulate
+from slidedp.state_choice import AUTO, StateChoice, choose_state, state_options
 from slidedp.trace import EXPOSURE_CATEGORIES, save_trace
+from slidedp.workload import StepWorkload
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -25,11 +38,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         return run_peer_simulate(args)
     spec, hw, policy, w = resolve_problem(args.model, args.hardware, args.gpus, args.seq, args.batch, args.policy)
     budget = resolve_budget(hw, args.gpu_budget, args.host_limit)
-    est = estimate_step(w)
-    problems = memory_shortfalls(est.memory, budget.gpu_bytes, budget.host_bytes)
-    if problems:
-        raise SlideDPError("policy does not fit: " + "; ".join(problems))
-    result = simulate(w)
+    w, est, result, choice = _simulate_state(w, getattr(args, "state", None), budget)
+    policy = w.policy
     if args.trace:
         save_trace(result.trace, args.trace)
     summary = RunSummary(
@@ -50,11 +60,94 @@ def run_simulate(args: argparse.Namespace) -> int:
     )
     if args.out:
         write_run_dir(args.out, result.trace, result.exposure, summary, policy, hw)
+    peers = peer_host_needs(spec, hw, w.seq, w.global_batch) if getattr(args, "peers", False) \
+        else None
     if args.json:
         print(summary.to_json())
     else:
         _print_tables(summary, result, est)
+        _print_state(w, est, choice)
+        if peers is not None:
+            _print_peer_host_needs(peers, w, est, budget)
     return 0
+
+
+def _estimate_and_shortfalls(w: StepWorkload, budget: Budget) -> tuple[StepEstimate, list[str]]:
+    est = estimate_step(w)
+    return est, memory_shortfalls(est.memory, budget.gpu_bytes, budget.host_bytes)
+
+
+def _simulate_state(w: StepWorkload, state: str | None, budget: Budget
+                    ) -> tuple[StepWorkload, StepEstimate, SimResult, StateChoice | None]:
+    """The policy's step in host-state precision ``state`` (None: the policy's own), simulated; with ``auto``
+    every mode is simulated where it fits and slidedp.state_choice picks one. Refuses a step that does not fit."""
+    if state != AUTO:
+        if state is not None:
+            w = StepWorkload(w.model, w.hw, w.policy.with_(state=state), w.seq, w.global_batch, units=w.units)
+        est, problems = _estimate_and_shortfalls(w, budget)
+        if problems:
+            hint = ("; compact host state needs less (--state auto, or e.g. --state bf16+int8)"
+                    if w.state.is_exact and any(p.startswith("host memory") for p in problems) else "")
+            raise SlideDPError(f"policy does not fit (host state {w.state.name}): " + "; ".join(problems) + hint)
+        return w, est, simulate(w), None
+    runs: dict[str, tuple[StepWorkload, StepEstimate, SimResult]] = {}
+    misfits: dict[str, list[str]] = {}
+    for mode in state_options(AUTO):
+        wm = StepWorkload(w.model, w.hw, w.policy.with_(state=mode), w.seq, w.global_batch, units=w.units)
+        est, problems = _estimate_and_shortfalls(wm, budget)
+        if problems:
+            misfits[mode] = problems
+        else:
+            runs[mode] = (wm, est, simulate(wm))
+    if not runs:
+        raise SlideDPError("policy does not fit in any host-state precision: "
+                           + "; ".join(f"{m}: {', '.join(p)}" for m, p in misfits.items()))
+    choice = choose_state({m: (runs[m][2].step_time_s if m in runs else None) for m in state_options(AUTO)})
+    return (*runs[choice.state], choice)
+
+
+def peer_host_needs(spec, hw, seq: int, batch: int) -> list[tuple[str, PeerMemory]]:
+    """Every peer's memory for this model and batch, from its own memory model (slidedp.peers.memory)."""
+    rows = []
+    for name, system in SYSTEMS.items():
+        try:
+            rows.append((name, estimate_peer_memory(PeerStep(system, peer_workload(spec, hw, seq, batch)))))
+        except SlideDPError:  # a batch this peer cannot run on these GPUs
+            continue
+    return rows
+
+
+def _print_state(w: StepWorkload, est: StepEstimate, choice: StateChoice | None) -> None:
+    console = Console()
+    sp = w.state
+    detail = "exact AdamW" if sp.is_exact else f"master {sp.master}, moments {sp.moments}"
+    console.print(f"host state {sp.name} ({detail}): {sp.host_bytes_per_param(w.policy.grad_bytes):.3g} B/param "
+                  f"held, {w.adam_bytes_per_param:.3g} B/param moved by the CPU update"
+                  + ("" if w.policy.gpu_state_units == 0 else
+                     f"; the {w.policy.gpu_state_units} GPU-held units keep fp32 state on the GPU"))
+    if choice is not None:
+        times = ", ".join(f"{m} {'does not fit' if t is None else f'{t:.3f} s'}" for m, t in choice.step_s.items())
+        console.print(f"--state auto chose {choice.state}: {choice.reason} (simulated: {times})")
+    if not w.state_update_rate_measured:
+        console.print(w.state_update_rate_note)
+
+
+def _print_peer_host_needs(rows: list[tuple[str, PeerMemory]], w: StepWorkload, est: StepEstimate,
+                           budget: Budget) -> None:
+    """Host bytes per parameter (state alone, and all the system holds on the host) and whether each system fits
+    the host and GPU budgets, SlideDP in its host-state precision first."""
+    table = Table(title=f"Memory each system needs for {w.model.name}, seq {w.seq}, batch {w.global_batch} "
+                        f"(host budget {budget.host_bytes / GIB:.1f} GiB, GPU {budget.gpu_bytes / GIB:.1f} GiB)")
+    for col in ("system", "host B/param state", "host B/param all", "host GiB", "GPU peak GiB", "fits"):
+        table.add_column(col, justify="left" if col == "system" else "right")
+    mem = est.memory
+    entries = [(f"slidedp ({w.state.name})", mem.host_bytes_per_param, mem.host_total, mem.params, mem.gpu_peak)]
+    entries += [(name, m.host_bytes_per_param, m.host_total, m.params, m.gpu_peak) for name, m in rows]
+    for name, state_bpp, host_total, params, gpu_peak in entries:
+        fits = host_total <= budget.host_bytes and gpu_peak <= budget.gpu_bytes
+        table.add_row(name, f"{state_bpp:.3g}", f"{host_total / params:.3g}", f"{host_total / GIB:.1f}",
+                      f"{gpu_peak / GIB:.1f}", "yes" if fits else "no")
+    Console().print(table)
 
 
 def run_peer_simulate(args: argparse.Namespace) -> int:
@@ -156,4 +249,4 @@ def _print_step_tables(s: RunSummary, result, est) -> None:
 
     mem = s.memory
     console.print(f"memory: GPU peak {mem.gpu_peak_gib:.1f} / {mem.gpu_budget_gib:.1f} GiB per GPU; "
-                  f"host {mem.host_total_gib:.1f} GiB ({mem.host_state_bytes_per_param:.0f} B/param state)")
+                  f"host {mem.host_total_gib:.1f} GiB ({mem.host_state_bytes_per_param:.3g} B/param state)")

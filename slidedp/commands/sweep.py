@@ -25,10 +25,16 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     with progress_callback("sweeping") as progress:
         table = run_sweep(spec, hw, args.seqs or [args.seq], args.batches, gpu_counts, policies, args.gpu_budget,
                           simulate_points=not args.analytical, progress=progress,
-                          systems=getattr(args, "systems", None) or ["slidedp"])
+                          systems=getattr(args, "systems", None) or ["slidedp"],
+                          states=tuple(dict.fromkeys(getattr(args, "state", None) or ["fp32"])))
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_parquet(out, index=False) if out.suffix == ".parquet" else table.to_csv(out, index=False)
     Console().print(f"{len(table)} points written to {out}")
-    Console().print(table[["gpus", "seq", "batch", "system", "policy", "step_s", "tokens_per_s", "limiter", "fits"]]
-                    .to_string(index=False))
+    Console().print(table[["gpus", "seq", "batch", "system", "policy", "state", "step_s", "tokens_per_s", "limiter",
+                           "host_gib", "fits"]].to_string(index=False))
+    derived = sorted(set(table.state[table.update_rate == "derived from DRAM bytes"])) \
+        if "update_rate" in table else []
+    if derived:
+        Console().print(f"CPU update rates of {', '.join(derived)} state are DERIVED from the measured fp32 rate by "
+                        f"DRAM bytes, not measured on {hw.name}")
     return 0

@@ -15,6 +15,7 @@ from pathlib import Path
 from slidedp.arg_types import fraction, non_negative_int, positive_float, positive_int
 from slidedp.config_io import quote, read_mapping
 from slidedp.errors import SlideDPError
+from slidedp.state_choice import AUTO, state_arg, state_options
 
 REQUIRED = ("model", "data", "steps", "out")
 NOT_SETTINGS = ("config", "argv", "func", "command")
@@ -34,6 +35,9 @@ def add_train_args(train: argparse.ArgumentParser) -> None:
     run.add_argument("--batch", type=positive_int, help="global sequences per step (default: the policy's x ranks)")
     run.add_argument("--policy", help="policy YAML from slidedp tune, or 'auto': tune for this model, batch, seq "
                                       "and --hardware now (default: recompute, micro-batch 1)")
+    run.add_argument("--state", type=state_arg, metavar="MODE",
+                     help="host optimizer state precision: fp32 (exact, default), a compact mode such as fp32+int8 "
+                          "or bf16+int8, or auto with --policy auto: the tuner chooses (slidedp.state_choice)")
     run.add_argument("--nproc", type=positive_int, default=1,
                      help="data-parallel ranks (one process per GPU via torchrun; all share one host state)")
     run.add_argument("--ranks-per-gpu", type=positive_int, default=1,
@@ -176,6 +180,8 @@ def build_train_spec(args: argparse.Namespace, log=print):
     if hw.num_gpus != ranks:
         hw = hw.with_gpus(ranks)
     tuned = None
+    if args.state == AUTO and args.policy != "auto":
+        raise SlideDPError("--state auto lets the tuner choose the host state's precision: it needs --policy auto")
     if args.policy == "auto":
         policy, tuned = tune_policy(args, hw, log)
         source = "auto"
@@ -186,6 +192,8 @@ def build_train_spec(args: argparse.Namespace, log=print):
                                f"= {policy.sequences_per_rank() * ranks}")
     else:
         policy, source = default_policy(args.batch or ranks, ranks), "default"
+    if args.state not in (None, AUTO):
+        policy = policy.with_(state=args.state)
     # The schedule: flags, else (resuming) the checkpoint's, else the defaults; so a resume continues it.
     saved = _checkpoint_schedule(args.resume)
     pick = lambda name, key: getattr(args, name) if getattr(args, name) is not None else \
@@ -223,7 +231,7 @@ def tune_policy(args: argparse.Namespace, hw, log=print):
     spec = ModelSpec.from_hf_config(load_hf_config(args.model).to_dict(), name=args.model)
     batch = args.batch or AUTO_BATCH_PER_RANK * hw.num_gpus
     budget = resolve_budget(hw, args.gpu_budget, args.host_limit)
-    space = TuneSpace(clipping=bool(args.max_grad_norm))
+    space = TuneSpace(clipping=bool(args.max_grad_norm), states=state_options(args.state or "fp32"))
     result = tune(spec, hw, args.seq, batch, budget, space, refine_top=4)
     best = result.best
     predicted = best.sim_step_s if best.sim_step_s is not None else best.estimate.step_time_s
@@ -232,6 +240,8 @@ def tune_policy(args: argparse.Namespace, hw, log=print):
     log(f"policy auto: tuned for {hw.name}, seq {args.seq}, batch {batch} ({len(result.candidates)} candidates fit, "
         f"{result.elapsed_s:.1f} s): micro-batch {p.micro_batch} x {p.accumulation}, {p.param_route}/{p.grad_route} "
         f"routes, {p.chunks_per_layer} chunks/layer, depth {p.prefetch_depth}, activations {p.activation}, "
-        f"{p.update_schedule}{f', sequence tile {p.seq_tile_tokens}' if p.seq_tile_tokens else ''}; "
-        f"predicted {predicted:.3f} s/step ({how})")
+        f"{p.update_schedule}{f', sequence tile {p.seq_tile_tokens}' if p.seq_tile_tokens else ''}, "
+        f"host state {p.state}; predicted {predicted:.3f} s/step ({how})")
+    if result.state_choice is not None:
+        log(f"state auto: {p.state}: {result.state_choice.reason}")
     return p, predicted

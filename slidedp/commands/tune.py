@@ -15,6 +15,7 @@ from slidedp.commands.progress import progress_callback
 from slidedp.errors import SlideDPError
 from slidedp.model_spec import load_model_spec
 from slidedp.problem import resolve_budget, resolve_hardware
+from slidedp.state_choice import state_options
 from slidedp.tune import TuneSpace, tune
 
 
@@ -31,7 +32,8 @@ def run_tune(args: argparse.Namespace) -> int:
     hw = resolve_hardware(args.hardware, args.gpus)
     budget = resolve_budget(hw, args.gpu_budget, args.host_limit)
     batch = global_batch_from(args, hw.num_gpus)
-    space = TuneSpace(clipping=not args.no_clip, gpu_state=not args.no_gpu_state)
+    space = TuneSpace(clipping=not args.no_clip, gpu_state=not args.no_gpu_state,
+                      states=state_options(getattr(args, "state", "fp32")))
     if args.chunks:
         space = replace(space, chunks_per_layer=tuple(args.chunks))
     if args.seq_tiles:
@@ -61,6 +63,7 @@ _LEGEND = ("step s: simulated; * = analytical model only.  GiB: GPU peak.  held:
            "accumulation.  upd: CPU update during the next forward, as ready, after\n"
            "backward.  thr: CPU threads per rank.")
 _TILE_LEGEND = "tile: tokens per sequence tile of a layer's MLP (- untiled)."
+_STATE_LEGEND = "state: host optimizer state, master+moments (fp32: exact AdamW)."
 
 
 def _print(table, result, model: str, hardware: str, seq: int, batch: int, out: Path, ranked: Path, show: int):
@@ -70,24 +73,35 @@ def _print(table, result, model: str, hardware: str, seq: int, batch: int, out: 
                   f"{result.enumerated} policies enumerated, {len(result.candidates)} feasible (with GPU-held "
                   f"variants), top {refined} refined with the simulator, {result.elapsed_s:.1f} s")
     console.print(ranked_view(table.head(show)))
-    console.print(_LEGEND + ("\n" + _TILE_LEGEND if table.head(show)["seq_tile_tokens"].any() else ""), style="dim")
+    shown = table.head(show)
+    console.print(_LEGEND + ("\n" + _TILE_LEGEND if shown["seq_tile_tokens"].any() else "")
+                  + ("\n" + _STATE_LEGEND if (shown["state"] != "fp32").any() else ""), style="dim")
+    best = result.workloads[id(result.best.policy)]
+    choice = result.state_choice
+    console.print(f"host state {best.state.name}: {result.best.memory.host_bytes_per_param:.2f} B/param, "
+                  f"host {result.best.memory.host_total_gib():.1f} GiB"
+                  + (f"; chosen by --state auto: {choice.reason}" if choice else ""))
+    if not best.state_update_rate_measured:
+        console.print(best.state_update_rate_note)
     console.print(f"wrote policy {out} and ranked table {ranked}")
 
 
 def ranked_view(rows: pd.DataFrame) -> Table:
-    """The ranked candidates as a table of at most 80 columns (the CSV holds every field in full); the tile column
-    only where some row tiles its layers."""
+    """The ranked candidates as a table of at most 80 columns (the CSV holds every field in full); the tile and
+    host-state columns only where some row tiles its layers or keeps compact state."""
     tiled = bool(rows["seq_tile_tokens"].any())
+    compact = bool((rows["state"] != "fp32").any())
     view = Table(title="Best policies", box=box.SIMPLE_HEAD, pad_edge=False, padding=0)
     for col in ("#", "step s", "ktok/s", "limit", "GiB", "held", "route", "ch/pf", "act", *(("tile",) if tiled else ()),
-                "mb×acc", "upd", "thr"):
+                *(("state",) if compact else ()), "mb×acc", "upd", "thr"):
         view.add_column(col, justify="left" if col in ("limit", "route", "act", "upd") else "right", no_wrap=True)
     for row in rows.itertuples():
         step = f"{_seconds(row.model_step_s)}*" if pd.isna(row.sim_step_s) else f"{_seconds(row.sim_step_s)} "
         tile = (_tokens(row.seq_tile_tokens) if row.seq_tile_tokens else "-",) if tiled else ()
+        state = (row.state,) if compact else ()
         view.add_row(str(row.rank), step, f"{row.tokens_per_s / 1e3:,.1f}", row.limiter, f"{row.gpu_peak_gib:.1f}",
                      str(row.gpu_state_units), f"{_ROUTE[row.param_route]}/{_ROUTE[row.grad_route]}",
-                     f"{row.chunks_per_layer}/{row.prefetch_depth}", _ACTIVATION[row.activation], *tile,
+                     f"{row.chunks_per_layer}/{row.prefetch_depth}", _ACTIVATION[row.activation], *tile, *state,
                      f"{row.micro_batch}×{row.accumulation}", _SCHEDULE[row.update_schedule], str(row.adam_threads))
     return view
 

@@ -78,6 +78,9 @@ def test_policy_file(capsys, tmp_path):
     (["simulate", "--gpu-budget", "500"], "exceeds the GPU"),
     (["simulate", "--trace", "out.txt"], "suffix"),
     (["simulate", "--frobnicate"], "unrecognized arguments"),
+    (["simulate", "--state", "int4"], "state 'int4'"),
+    (["simulate", "--state", "fp32+fp8"], "state moments must be one of"),
+    (["simulate", "--model", "qwen3-14b", "--hardware", "h200-x1", "--batch", "1"], "host state fp32"),
     (["launch"], "invalid choice"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message, tmp_path, monkeypatch):
@@ -105,3 +108,52 @@ def test_missing_policy_file_via_subprocess_has_no_traceback(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.strip().startswith("slidedp: error: cannot read policy")
+
+
+H200_14B = ["simulate", "--model", "qwen3-14b", "--hardware", "h200-x1", "--seq", "4096", "--batch", "1"]
+
+
+def test_state_auto_chooses_a_mode_that_fits_and_says_why(capsys, monkeypatch):
+    """Qwen3-14B does not fit the H200's host in fp32: auto simulates every mode, picks by the rule, prints the
+    mode's bytes per parameter (from StatePrecision), that its rate is derived, and with --peers what each peer
+    would need on the host."""
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, err = run(capsys, *H200_14B, "--state", "auto", "--peers")
+    assert code == 0, err
+    assert "--state auto chose" in out and "fp32 does not fit" in out
+    assert "DERIVED from the measured fp32 rate" in out
+    chosen = out.split("--state auto chose ")[1].split(":")[0]
+    held = {"fp32+int8": "8.03", "bf16+bf16": "8", "bf16+int8": "6.03"}[chosen]
+    assert f"({held} B/param state)" in out and f"host state {chosen}" in out
+    for peer in ("zero2-offload", "fsdp2-offload", "ddp-resident"):
+        assert peer in out
+    code, out, err = run(capsys, *H200_14B, "--state", "bf16+int8", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["policy"]["state"] == "bf16+int8"
+    assert got["memory"]["host_state_bytes_per_param"] == pytest.approx(6 + 8 / 256)
+
+
+def test_tune_and_sweep_take_the_state(capsys, tmp_path, monkeypatch):
+    """tune --state auto writes the mode it chose and says why; sweep --state gives one row per mode, the auto
+    row the mode the rule picks, and says the compact rates are derived."""
+    import pandas as pd
+    import yaml
+
+    monkeypatch.setenv("COLUMNS", "200")
+    problem = ["--model", "qwen3-4b", "--hardware", "h200-x1", "--seq", "4096", "--batch", "1"]
+    out = tmp_path / "p.yaml"
+    code, text, err = run(capsys, "tune", *problem, "--chunks", "2", "--no-gpu-state", "--top-k", "1",
+                          "--state", "auto", "--out", str(out))
+    assert code == 0, err
+    chosen = yaml.safe_load(out.read_text())["state"]
+    assert chosen != "fp32" and f"host state {chosen}" in text and "chosen by --state auto" in text
+    ranked = pd.read_csv(tmp_path / "p_ranked.csv")
+    assert ranked.state.iloc[0] == chosen and "fp32" in set(ranked.state)
+    table = tmp_path / "s.csv"
+    code, text, err = run(capsys, "sweep", *problem[:6], "--batches", "1", "--policies", "sharded", "--analytical",
+                          "--state", "fp32", "bf16+int8", "auto", "--out", str(table))
+    assert code == 0, err
+    rows = pd.read_csv(table)
+    assert list(rows.state[:2]) == ["fp32", "bf16+int8"] and rows.state_reason.iloc[2].startswith("auto:")
+    assert rows.host_state_bytes_per_param[0] == 14 and "DERIVED" in text

@@ -187,3 +187,22 @@ def test_gpu_state_units_move_nothing_over_pcie(tmp_path):
     assert got["h2d_param"] == pytest.approx(2 * expected["h2d_param"]["bytes"], rel=1e-9)  # fp32 weights here
     assert got["d2h_grad"] == pytest.approx(expected["d2h_grad"]["bytes"], rel=1e-9)
     assert set(got.index) == set(expected)
+
+
+def test_embedding_is_not_fetched_again_for_backward(tmp_path):
+    """The embedding's backward (an index-add into the looked-up rows) reads no weights: one H2D of the streamed
+    (untied) embedding per step, while a layer that left the GPU is fetched twice; training is unchanged (the
+    tied, pinned embedding is covered by test_matches_plain_pytorch)."""
+    name = "qwen3"
+    policy = Policy(micro_batch=2, accumulation=2, chunks_per_layer=3, prefetch_depth=1)
+    engine, adapter, host = make_engine(write_config(tmp_path, name), policy, 16)
+    data = batches(TINY[name]["vocab_size"], 16, 4, 2, seed=5)
+    initial = host.master.clone()
+    stats = [engine.step(t) for t in data]
+    engine.flush()
+    for s in stats:
+        h2d = s.trace[s.trace.op == "h2d_param"]
+        assert (h2d.unit == 0).sum() == 3 and (h2d.unit == 1).sum() == 6
+    ref_losses, ref_final = reference_training(adapter, initial, data, policy.micro_batch)
+    assert [s.loss for s in stats] == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(host.master, ref_final, rtol=1e-5, atol=2e-6)

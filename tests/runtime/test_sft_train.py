@@ -204,3 +204,40 @@ def test_busiest_resource_counts_overlaps_once():
             (0, "gpu[0]", "fwd", 1, -1, 0, 0.0, 1.2, 0, 0, 0)]
     assert busiest_resource(make_trace(rows)) == "cpu"  # 1.5 s of union beats 1.2 s
     assert busiest_resource(make_trace(rows[1:])) == "gpu[0]"
+
+
+@pytest.mark.parametrize("state, allowed", [(None, ("fp32",)), ("auto", None), ("bf16+int8", ("bf16+int8",))])
+def test_policy_auto_passes_the_allowed_states_to_the_tuner(files, monkeypatch, state, allowed):
+    """train --policy auto tunes among the host-state precisions --state allows (auto: every one, logging the
+    choice and why); --state auto without --policy auto is refused."""
+    from dataclasses import replace
+
+    import slidedp.tune as tuner
+    from slidedp.commands.train_args import build_train_spec
+    from slidedp.errors import SlideDPError
+    from slidedp.state_choice import state_options
+
+    seen, real = [], tuner.tune
+
+    def narrow(model, hw, seq, batch, budget, space, **kw):  # one layout per mode keeps the test fast
+        seen.append(space.states)
+        space = replace(space, chunks_per_layer=(1,), prefetch_depths=(2,), activations=("recompute",),
+                        thread_fractions=(1.0,), gpu_state=False)
+        return real(model, hw, seq, batch, budget, space, **kw)
+
+    monkeypatch.setattr(tuner, "tune", narrow)
+    argv = ["train", "--model", str(files / "tiny.json"), "--data", "synthetic", "--steps", "1", "--seq", "64",
+            "--batch", "2", "--out", str(files / "run"), "--policy", "auto", *(["--state", state] if state else [])]
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    lines = []
+    spec = build_train_spec(args, log=lines.append)
+    assert seen == [allowed or state_options("auto")]
+    assert spec.policy.state in seen[0]
+    assert any(line.startswith("state auto:") for line in lines) == (state == "auto")
+    if state == "auto":
+        fixed = [a for a in argv if a not in ("--policy", "--state", "auto")] + ["--state", "auto"]
+        args = build_parser().parse_args(fixed)
+        args.argv = fixed
+        with pytest.raises(SlideDPError, match="needs --policy auto"):
+            build_train_spec(args)

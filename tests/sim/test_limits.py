@@ -14,8 +14,9 @@ GB = 1e9
 
 def _params(model):
     total = model.total_params
-    # With prefetch depth 2 the head and the last layer are still on the GPU when backward starts.
-    refetched = total - model.head_params - model.layer_params
+    # With prefetch depth 2 the head and the last layer are still on the GPU when backward starts, and the
+    # embedding's backward reads no weights: the other layers are fetched again.
+    refetched = total - model.head_params - model.layer_params - model.embedding_params
     return total, total + refetched
 
 
