@@ -41,6 +41,9 @@ def add_train_args(train: argparse.ArgumentParser) -> None:
     run.add_argument("--hardware", default="h200-x1", help="profile for preflight and prediction (default h200-x1)")
     run.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     run.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"], help="compute dtype")
+    run.add_argument("--state", help="host optimizer state precision: fp32 (exact AdamW), or <master>+<moments> "
+                                     "with master fp32|bf16 and moments fp32|bf16|int8, e.g. fp32+int8, bf16+int8 "
+                                     "(default: the policy's state, fp32)")
     run.add_argument("--seed", type=non_negative_int, default=0)
     run.add_argument("--gpu-budget", type=positive_float, metavar="GIB", help="GPU memory budget in GiB")
     run.add_argument("--host-limit", type=positive_float, metavar="GIB", help="host memory limit in GiB")
@@ -186,6 +189,7 @@ def build_train_spec(args: argparse.Namespace, log=print):
                                f"= {policy.sequences_per_rank() * ranks}")
     else:
         policy, source = default_policy(args.batch or ranks, ranks), "default"
+    policy = with_state(policy, args.state)
     # The schedule: flags, else (resuming) the checkpoint's, else the defaults; so a resume continues it.
     saved = _checkpoint_schedule(args.resume)
     pick = lambda name, key: getattr(args, name) if getattr(args, name) is not None else \
@@ -210,6 +214,20 @@ def build_train_spec(args: argparse.Namespace, log=print):
                      ranks_per_gpu=args.ranks_per_gpu,
                      eval_every=args.eval_every, log=args.log, keep=args.keep, cache_dir=args.cache_dir,
                      run_config=settings(args), policy_source=source, tuner_step_time_s=tuned)
+
+
+def with_state(policy, state: str | None):
+    """The policy with ``--state`` (or the config's ``state:``) applied; None keeps the policy's own."""
+    import dataclasses
+
+    from slidedp.state_precision import StatePrecision
+
+    if state is None:
+        return policy
+    if str(state).strip().lower() == "auto":
+        raise SlideDPError("--state auto is not supported by slidedp train yet (the tuner does not choose a state "
+                           "precision on this version): name one, e.g. --state fp32+int8")
+    return dataclasses.replace(policy, state=StatePrecision.parse(state).name)
 
 
 def tune_policy(args: argparse.Namespace, hw, log=print):
