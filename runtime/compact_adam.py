@@ -220,3 +220,14 @@ def compact_adamw_(r: CompactRange, s: AdamScalars) -> None:
     if r.weights is not None:
         r.weights.copy_(p)  # nearest-even into a bf16 slot, exact into an fp32 one
     store_moments(r, m, v, s)
+
+
+def compact_update(kernel, r: CompactRange, s: AdamScalars) -> None:
+    """One step of the range with the compiled kernel (runtime/cpu_adam.py), or the torch path when ``kernel``
+    is None: the same bits either way."""
+    if kernel is None:
+        compact_adamw_(r, s)
+        return
+    keys = [rounding_key(s.seed, s.step, k) for k in (STREAM_MASTER, STREAM_EXP_AVG, STREAM_EXP_AVG_SQ)]
+    kernel.adamw_compact(r.master, r.exp_avg, r.exp_avg_sq, r.exp_avg_scale, r.exp_avg_sq_scale, r.grad, r.weights,
+                         s.lr, s.beta1, s.beta2, s.eps, s.weight_decay, float(s.step), s.grad_scale, *keys, r.index0)

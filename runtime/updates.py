@@ -18,14 +18,7 @@ import torch
 from slidedp.errors import SlideDPError
 from slidedp.resources import CAST_HOST_BYTES, FUSED_ADAM_HOST_BYTES, adam_host_bytes_per_param
 from slidedp.runtime.chunks import ChunkTable
-from slidedp.runtime.compact_adam import (
-    STREAM_EXP_AVG,
-    STREAM_EXP_AVG_SQ,
-    STREAM_MASTER,
-    AdamScalars,
-    compact_adamw_,
-    rounding_key,
-)
+from slidedp.runtime.compact_adam import AdamScalars, compact_update
 from slidedp.runtime.cpu_adam import fused_kernel, fused_kernel_error
 from slidedp.runtime.device import Device
 from slidedp.runtime.host_state import HostState
@@ -210,13 +203,6 @@ class HostUpdater:
         """Compact state: the kernel, or its bit-identical torch path (runtime/compact_adam.py)."""
         host, o = self.host, self.optim
         nbytes = (hi - lo) * host.precision.update_dram_bytes_per_param(host.grad_buffer.element_size())
-        r = host.range(lo, hi)
         scalars = AdamScalars(lr, o.beta1, o.beta2, o.eps, o.weight_decay, step, coef, self.seed)
         with self.recorder.host_span("cpu", "adam", u, c, nbytes=nbytes, host_bytes=nbytes):
-            if self._kernel is None:
-                compact_adamw_(r, scalars)
-                return
-            keys = [rounding_key(self.seed, step, s) for s in (STREAM_MASTER, STREAM_EXP_AVG, STREAM_EXP_AVG_SQ)]
-            self._kernel.adamw_compact(r.master, r.exp_avg, r.exp_avg_sq, r.exp_avg_scale, r.exp_avg_sq_scale, r.grad,
-                                       r.weights, lr, o.beta1, o.beta2, o.eps,
-                                       o.weight_decay, float(step), coef, *keys, r.index0)
+            compact_update(self._kernel, host.range(lo, hi), scalars)

@@ -249,10 +249,8 @@ def _mlp_losses(state: str | None, steps: int = 300) -> list[float]:
         loss = loss_of(p, x, y)
         (grad,) = torch.autograd.grad(loss, [p])
         host.grad_buffer.copy_(grad)
-        r = host.range(0, flat0.numel())
-        keys = [ca.rounding_key(0, step, k) for k in (ca.STREAM_MASTER, ca.STREAM_EXP_AVG, ca.STREAM_EXP_AVG_SQ)]
-        kernel.adamw_compact(r.master, r.exp_avg, r.exp_avg_sq, r.exp_avg_scale, r.exp_avg_sq_scale, r.grad,
-                             r.weights, lr, *betas, 1e-8, wd, float(step), 1.0, *keys, 0)
+        ca.compact_update(kernel, host.range(0, flat0.numel()),
+                          ca.AdamScalars(lr, *betas, 1e-8, wd, step, 1.0, seed=0))
         losses.append(loss.item())
     return losses
 
