@@ -14,14 +14,19 @@ not depend on thread count or chunking, and a resumed run draws the same bits as
 8-bit moments, blockwise: each block of INT8_BLOCK elements stores one fp32 absmax scale per moment and
   exp_avg     int8  q = round(127 * sqrt(|m| / absmax)) * sign(m),  m = absmax * (q/127) * |q/127|
   exp_avg_sq  uint8 q = round(255 * (v / absmax) ** (1/4)),       v = absmax * (q/255) ** 4
-(a positive v never stores as 0: it would turn m / sqrt(v) into m / eps). Power maps spend the 8 bits where
+(a positive v never stores as 0: it would turn m / sqrt(v) into m / eps). Levels are decoded by multiplying
+with fp32 1/127 and 1/255 (no divide), and v's code reuses sqrt(v) of the update: on a CPU whose vector
+sqrt and divide are slow these are most of the arithmetic. Power maps spend the 8 bits where
 the Adam update needs them: the update divides by sqrt(v), so small v need fine steps, and most elements of a
-block are far below its absmax. Measured on heavy-tailed moment blocks (benchmarks/quant_maps.py, RESULTS.md):
-the relative RMS error of the update direction m / sqrt(v) is ~6x lower with these maps than with linear m and
-sqrt v, and a 256 block costs 1.6% extra bytes (one fp32 scale) while keeping the error near the 64-block one
-(4096 blocks are several times worse). Like bitsandbytes, the update itself uses the fp32 m and v of this step
-(dequantized, then updated); only the stored copies are 8-bit. The maps are computed with sqrt and divides
-(vectorizable, correctly rounded in both implementations), not looked up in a table.
+block are far below its absmax.
+Measured on Adam-like moment blocks (benchmarks/quant_maps.py; results in benchmarks/RESULTS.md, "Compact host
+state"): the relative RMS error of the update direction m / sqrt(v) after a round trip is 1.4% / 3.2% with these
+maps at 256 blocks (element scales spread by sigma 0.5 / 1 in log space), against 3.2% / ~900x (small v rounded
+to 0) with a linear m and a sqrt-map v. Blocks: 64 gives 1.2% / 2.4% for 4x the scale bytes (6% of a moment's
+bytes instead of 1.6%), 2048 gives 1.8% / 4.5% and 2.2x as many elements off by > 25%; 256 is the knee.
+Like bitsandbytes, the update itself uses the fp32 m and v of this step
+(dequantized, then updated); only the stored copies are 8-bit. The maps are computed with sqrt, multiplies and
+one divide per block (vectorizable, correctly rounded in both implementations), not looked up in a table.
 """
 
 from __future__ import annotations
@@ -116,24 +121,25 @@ def quantize_m(m: torch.Tensor, block: int = INT8_BLOCK) -> tuple[torch.Tensor, 
 
 def dequantize_m(q: torch.Tensor, absmax: torch.Tensor, block: int = INT8_BLOCK) -> torch.Tensor:
     n = q.numel()
-    t = _blocks(q.to(torch.float32), block) / M_LEVELS
+    t = _blocks(q.to(torch.float32), block) * _f32(1.0 / M_LEVELS)
     return (t * t.abs() * absmax[:, None]).reshape(-1)[:n]
 
 
 def quantize_v(v: torch.Tensor, block: int = INT8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 second moment (>= 0) -> (uint8 codes, fp32 absmax per block), power-4 map."""
+    """fp32 second moment (>= 0) -> (uint8 codes, fp32 absmax per block), power-4 map, computed as
+    sqrt(sqrt(v) / sqrt(absmax)): the kernel reuses sqrt(v) from the update's denominator (one sqrt less)."""
     n = v.numel()
     vb = _blocks(v, block)
     absmax = vb.amax(dim=1)
-    r = vb * _inverse(absmax)[:, None]
-    q = torch.round(_sqrt(_sqrt(r)) * V_LEVELS).clamp_(max=V_LEVELS)
+    inv = torch.where(absmax > 0, 1.0 / _sqrt(absmax), torch.zeros_like(absmax))
+    q = torch.round(_sqrt(_sqrt(vb) * inv[:, None]) * V_LEVELS).clamp_(max=V_LEVELS)
     q = torch.where((q == 0) & (vb > 0), torch.ones_like(q), q)
     return q.reshape(-1)[:n].to(torch.uint8), absmax
 
 
 def dequantize_v(q: torch.Tensor, absmax: torch.Tensor, block: int = INT8_BLOCK) -> torch.Tensor:
     n = q.numel()
-    t = _blocks(q.to(torch.float32), block) / V_LEVELS
+    t = _blocks(q.to(torch.float32), block) * _f32(1.0 / V_LEVELS)
     t2 = t * t
     return (t2 * t2 * absmax[:, None]).reshape(-1)[:n]
 

@@ -108,30 +108,44 @@ struct Compact {
 
 template <int MK, int QK, int GK, int WK>
 static void compact_run(const Compact& a) {
+    // Everything the loops read is a local: through the struct, a store to the state could alias its fields
+    // and the compiler would neither hoist nor vectorize.
     constexpr int64_t B = SLIDEDP_BLOCK;
-    const int64_t blocks = (a.n + B - 1) / B;
+    const int64_t n = a.n, index0 = a.index0;
+    const float omb1 = a.omb1, b2 = a.b2, omb2 = a.omb2, decay = a.decay, step_size = a.step_size;
+    const float inv_sqrt_bc2 = a.inv_sqrt_bc2, eps = a.eps, scale = a.scale;
+    const uint32_t key_p = a.key_p, key_m = a.key_m, key_v = a.key_v;
+    float* __restrict__ p32 = static_cast<float*>(a.master);
+    uint16_t* __restrict__ p16 = static_cast<uint16_t*>(a.master);
+    float* __restrict__ m32 = static_cast<float*>(a.m);
+    float* __restrict__ v32 = static_cast<float*>(a.v);
+    uint16_t* __restrict__ m16 = static_cast<uint16_t*>(a.m);
+    uint16_t* __restrict__ v16 = static_cast<uint16_t*>(a.v);
+    int8_t* __restrict__ m8 = static_cast<int8_t*>(a.m);
+    uint8_t* __restrict__ v8 = static_cast<uint8_t*>(a.v);
+    float* __restrict__ ms = a.m_scale;
+    float* __restrict__ vs = a.v_scale;
+    float* g32 = static_cast<float*>(a.grad);      // may be the weights' slot too (W_GRAD): no restrict
+    uint16_t* g16 = static_cast<uint16_t*>(a.grad);
+    uint16_t* __restrict__ w16 = a.weights;
+    const int64_t blocks = (n + B - 1) / B;
     #pragma omp parallel for schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t s = blk * B;
-        const int64_t len = std::min(B, a.n - s);
+        const int64_t len = std::min(B, n - s);
         alignas(64) float mb[B];
         alignas(64) float vb[B];
+        alignas(64) float sb[B];  // sqrt(v): the update's denominator, reused by the 8-bit v map
         if (QK == F32) {
-            const float* m = static_cast<const float*>(a.m) + s;
-            const float* v = static_cast<const float*>(a.v) + s;
-            for (int64_t i = 0; i < len; ++i) { mb[i] = m[i]; vb[i] = v[i]; }
+            for (int64_t i = 0; i < len; ++i) { mb[i] = m32[s + i]; vb[i] = v32[s + i]; }
         } else if (QK == BF16) {
-            const uint16_t* m = static_cast<const uint16_t*>(a.m) + s;
-            const uint16_t* v = static_cast<const uint16_t*>(a.v) + s;
-            for (int64_t i = 0; i < len; ++i) { mb[i] = bf16_to_f32(m[i]); vb[i] = bf16_to_f32(v[i]); }
+            for (int64_t i = 0; i < len; ++i) { mb[i] = bf16_to_f32(m16[s + i]); vb[i] = bf16_to_f32(v16[s + i]); }
         } else {
-            const int8_t* m = static_cast<const int8_t*>(a.m) + s;
-            const uint8_t* v = static_cast<const uint8_t*>(a.v) + s;
-            const float sm = a.m_scale[blk], sv = a.v_scale[blk];
+            const float sm = ms[blk], sv = vs[blk];
             for (int64_t i = 0; i < len; ++i) {
-                const float t = static_cast<float>(m[i]) / 127.0f;
+                const float t = static_cast<float>(m8[s + i]) * (1.0f / 127.0f);
                 mb[i] = t * std::fabs(t) * sm;
-                const float w = static_cast<float>(v[i]) / 255.0f;
+                const float w = static_cast<float>(v8[s + i]) * (1.0f / 255.0f);
                 const float w2 = w * w;
                 vb[i] = w2 * w2 * sv;
             }
@@ -140,58 +154,48 @@ static void compact_run(const Compact& a) {
         #pragma omp simd reduction(max:am, av)
         for (int64_t i = 0; i < len; ++i) {
             const int64_t j = s + i;
-            float g;
-            if (GK == F32) g = static_cast<const float*>(a.grad)[j];
-            else g = bf16_to_f32(static_cast<const uint16_t*>(a.grad)[j]);
-            g = g * a.scale;
-            const float mi = mb[i] + a.omb1 * (g - mb[i]);
-            const float vi = a.b2 * vb[i] + (a.omb2 * g) * g;
-            float p;
-            if (MK == F32) p = static_cast<const float*>(a.master)[j];
-            else p = bf16_to_f32(static_cast<const uint16_t*>(a.master)[j]);
-            const float pn = p * a.decay - (a.step_size * mi) / (std::sqrt(vi) * a.inv_sqrt_bc2 + a.eps);
-            if (MK == F32) static_cast<float*>(a.master)[j] = pn;
-            else static_cast<uint16_t*>(a.master)[j] = f32_to_bf16_sr(pn, rounding_bits(a.key_p, a.index0 + j));
+            const float g = (GK == F32 ? g32[j] : bf16_to_f32(g16[j])) * scale;
+            const float mi = mb[i] + omb1 * (g - mb[i]);
+            const float vi = b2 * vb[i] + (omb2 * g) * g;
+            const float p = MK == F32 ? p32[j] : bf16_to_f32(p16[j]);
+            const float si = std::sqrt(vi);
+            const float pn = p * decay - (step_size * mi) / (si * inv_sqrt_bc2 + eps);
+            if (MK == F32) p32[j] = pn;
+            else p16[j] = f32_to_bf16_sr(pn, rounding_bits(key_p, index0 + j));
             if (WK == W_GRAD) {
-                if (GK == F32) static_cast<float*>(a.grad)[j] = pn;
-                else static_cast<uint16_t*>(a.grad)[j] = f32_to_bf16(pn);
+                if (GK == F32) g32[j] = pn;
+                else g16[j] = f32_to_bf16(pn);
             } else if (WK == W_BF16) {
-                a.weights[j] = f32_to_bf16(pn);
+                w16[j] = f32_to_bf16(pn);
             }
             mb[i] = mi;
             vb[i] = vi;
+            sb[i] = si;
             am = std::max(am, std::fabs(mi));
             av = std::max(av, vi);
         }
         if (QK == F32) {
-            float* m = static_cast<float*>(a.m) + s;
-            float* v = static_cast<float*>(a.v) + s;
-            for (int64_t i = 0; i < len; ++i) { m[i] = mb[i]; v[i] = vb[i]; }
+            for (int64_t i = 0; i < len; ++i) { m32[s + i] = mb[i]; v32[s + i] = vb[i]; }
         } else if (QK == BF16) {
-            uint16_t* m = static_cast<uint16_t*>(a.m) + s;
-            uint16_t* v = static_cast<uint16_t*>(a.v) + s;
             for (int64_t i = 0; i < len; ++i) {
-                m[i] = f32_to_bf16_sr(mb[i], rounding_bits(a.key_m, a.index0 + s + i));
-                v[i] = f32_to_bf16_sr(vb[i], rounding_bits(a.key_v, a.index0 + s + i));
+                m16[s + i] = f32_to_bf16_sr(mb[i], rounding_bits(key_m, index0 + s + i));
+                v16[s + i] = f32_to_bf16_sr(vb[i], rounding_bits(key_v, index0 + s + i));
             }
         } else {
-            int8_t* m = static_cast<int8_t*>(a.m) + s;
-            uint8_t* v = static_cast<uint8_t*>(a.v) + s;
             const float im = am > 0.0f ? 1.0f / am : 0.0f;
-            const float iv = av > 0.0f ? 1.0f / av : 0.0f;
+            const float iv = av > 0.0f ? 1.0f / std::sqrt(av) : 0.0f;
             for (int64_t i = 0; i < len; ++i) {
                 const float r = mb[i] * im;
                 float q = std::nearbyint(std::sqrt(std::fabs(r)) * 127.0f);
                 q = std::min(q, 127.0f);
-                m[i] = static_cast<int8_t>(mb[i] < 0.0f ? -q : q);
-                const float rv = vb[i] * iv;
-                float qv = std::nearbyint(std::sqrt(std::sqrt(rv)) * 255.0f);
+                m8[s + i] = static_cast<int8_t>(mb[i] < 0.0f ? -q : q);
+                float qv = std::nearbyint(std::sqrt(sb[i] * iv) * 255.0f);  // (v / absmax) ** (1/4)
                 qv = std::min(qv, 255.0f);
                 qv = (qv == 0.0f && vb[i] > 0.0f) ? 1.0f : qv;
-                v[i] = static_cast<uint8_t>(qv);
+                v8[s + i] = static_cast<uint8_t>(qv);
             }
-            a.m_scale[blk] = am;
-            a.v_scale[blk] = av;
+            ms[blk] = am;
+            vs[blk] = av;
         }
     }
 }

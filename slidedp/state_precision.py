@@ -25,7 +25,7 @@ MOMENT_DTYPES: tuple[str, ...] = ("fp32", "bf16", "int8")
 # each unit's first element (a unit's last block may be shorter), and every chunk and data-parallel shard
 # boundary is a multiple of the block inside its unit (slidedp.routes), so no update job shares a block with
 # another. Why 256 (and the maps, in runtime/compact_adam.py): benchmarks/quant_maps.py measured the
-# round-trip error of the Adam update direction for blocks of 64..4096 (benchmarks/RESULTS.md).
+# round-trip error of the Adam update direction for blocks of 64, 256 and 2048 (benchmarks/RESULTS.md).
 INT8_BLOCK = 256
 _SCALE_BYTES = 4
 _ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
