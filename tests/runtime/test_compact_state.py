@@ -404,3 +404,39 @@ def test_state_names_auto_and_bad_ones():
         with_state(policy, "auto")
     with pytest.raises(SlideDPError, match="state master must be one of"):
         with_state(policy, "fp16+int8")
+
+
+def test_state_from_a_run_config_and_the_flag_overriding_it(tmp_path):
+    """``state:`` in a --config file sets the policy's state; the --state flag given beside it wins."""
+    from slidedp.cli import build_parser
+    from slidedp.commands.train_args import build_train_spec
+
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model: {write_config(tmp_path, 'qwen3')}\ndata: synthetic\nsteps: 1\nseq: 16\n"
+                      f"out: {tmp_path / 'out'}\nstate: fp32+int8\n")
+    for extra, expected in (([], "fp32+int8"), (["--state", "bf16+int8"], "bf16+int8")):
+        argv = ["train", "--config", str(config), *extra]
+        args = build_parser().parse_args(argv)
+        args.argv = argv
+        assert build_train_spec(args, log=lambda _: None).policy.state == expected
+
+
+def test_hf_export_of_a_bf16_master_is_the_master_itself(tmp_path):
+    """Export writes bf16 weights: with a bf16 master they are its bits, unrounded (one step first)."""
+    from safetensors.torch import load_file
+
+    from slidedp.runtime.export import export_hf
+
+    config = write_config(tmp_path, "qwen3")
+    engine, host = _engine(config, "bf16+int8", torch.bfloat16)
+    engine.step(_patterned(TINY["qwen3"]["vocab_size"], 1)[0])
+    engine.flush()
+    engine.close()
+    adapter = ModelAdapter(load_hf_config(config))
+    export_hf(host, adapter, tmp_path / "hf", None, adapter.config)
+    tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    for unit in adapter.units:
+        for p in unit.params:
+            start = unit.offset + p.offset
+            t = tensors[p.hf_name]
+            assert t.dtype == torch.bfloat16 and torch.equal(t.reshape(-1), host.master[start:start + p.numel])
