@@ -600,8 +600,10 @@ def shared_state_cases() -> list[Case]:
 # ---- kernel build lock, full disk ---------------------------------------------------------------------------------
 def _stale_lock(ctx: Ctx) -> Observation:
     ext = ctx.scratch / "ext"
-    (ext / "slidedp_cpu_adam").mkdir(parents=True)
-    (ext / "slidedp_cpu_adam" / "lock").write_text("")  # torch's build lock, as a killed compile leaves it
+    from slidedp.runtime.cpu_adam import KERNEL_NAME
+
+    (ext / KERNEL_NAME).mkdir(parents=True)
+    (ext / KERNEL_NAME / "lock").write_text("")  # torch's build lock, as a killed compile leaves it
     out = ctx.scratch / "run"
     r = ctx.cli(_train(ctx, out, "--steps", "1", "--batch", "2", "--dtype", "bf16"),
                 env={"TORCH_EXTENSIONS_DIR": str(ext)}, timeout=240)

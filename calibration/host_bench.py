@@ -1,6 +1,7 @@
 """Host micro-benchmarks: DRAM traffic of a streaming copy, the CPU AdamW update (the runtime's kernel where it
 compiles, torch's fused AdamW otherwise) and the fp32 -> bf16 cast, each against thread count; the update
-against chunk size with bf16 and with fp32 gradients (per-call overhead + rate fits).
+against chunk size with bf16 and with fp32 gradients (per-call overhead + rate fits); the update of each
+compact host-state mode against thread count (host.state_update_gparams_per_s).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def host_benchmarks(quick: bool, progress: Progress | None = None) -> Measuremen
                 progress(i + 1, len(counts))
     finally:
         torch.set_num_threads(saved)
+    m.state_update_gparams_per_s = state_update_benchmarks(n, repeats, counts)
     m.adam_fused_cast = kernel is not None
     m.report["adam_kernel"] = "one-pass bf16 kernel" if kernel is not None else "torch fused AdamW (fp32 grads)"
     m.report["adam_vs_chunk"] = adam_chunk_benchmarks(quick)
@@ -120,3 +122,44 @@ def _torch_adam_cast(p: torch.Tensor, mom: torch.Tensor, var: torch.Tensor, grad
         adamw_chunk_(p, grad, mom, var, step[0], cfg.lr, cfg, 1.0, scratch)
         out.copy_(p)
     return update
+
+
+def compact_state_update(precision, n: int, seed: int = 0):
+    """A function that runs one update of ``n`` parameters held in ``precision`` the way the runtime does (the
+    one-pass kernel, else its torch path; bf16 gradients in the slot), on a zero-initialised HostState."""
+    from slidedp.runtime.compact_adam import AdamScalars, compact_update
+    from slidedp.runtime.cpu_adam import fused_kernel
+    from slidedp.runtime.host_state import HostState
+
+    host = HostState.allocate(n, torch.bfloat16, torch.bfloat16, pin=False, precision=precision)
+    host.master.copy_(torch.randn(n))
+    host.grad_buffer.copy_(torch.randn(n))
+    kernel = fused_kernel()
+    step = [0]
+
+    def update() -> None:
+        step[0] += 1
+        compact_update(kernel, host.range(0, n), AdamScalars(1e-5, 0.9, 0.95, 1e-8, 0.0, step[0], 1.0, seed))
+    return update
+
+
+def state_update_benchmarks(n: int, repeats: int, counts: list[int]) -> dict[str, dict[int, float]]:
+    """G params/s of each compact mode's update (slidedp.state_precision.STATE_CHOICES) against thread count
+    (with a bf16 master the slot is not rewritten, so one gradient serves every repeat)."""
+    from slidedp.state_precision import STATE_CHOICES
+
+    out: dict[str, dict[int, float]] = {}
+    saved = torch.get_num_threads()
+    try:
+        for precision in STATE_CHOICES:
+            if precision.is_exact:
+                continue  # host.adam_gparams_per_s
+            update = compact_state_update(precision, n)
+            curve = {}
+            for threads in counts:
+                torch.set_num_threads(threads)
+                curve[threads] = n / median_time(update, repeats) / 1e9
+            out[precision.name] = curve
+    finally:
+        torch.set_num_threads(saved)
+    return out

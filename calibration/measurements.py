@@ -41,6 +41,8 @@ class Measurements:
     contention: dict[str, float] = field(default_factory=dict)
     # The peers' CPU AdamW implementations (calibration.peer_bench): implementation -> threads -> G params/s.
     peer_adam_gparams_per_s: dict[str, dict[int, float]] = field(default_factory=dict)
+    # The compact host-state modes' one-pass update (calibration.host_bench): mode name -> threads -> G params/s.
+    state_update_gparams_per_s: dict[str, dict[int, float]] = field(default_factory=dict)
     report: dict = field(default_factory=dict)
 
 

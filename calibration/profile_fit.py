@@ -72,7 +72,10 @@ def profile_from(base: HardwareProfile, m: Measurements) -> tuple[HardwareProfil
                    adam_gparams_per_s=thread_curve(m.adam_gparams_per_s, m.adam_gparams_per_s.values()),
                    cast_gelems_per_s=thread_curve(m.cast_gelems_per_s, m.cast_gelems_per_s.values()),
                    mem_bw_gbps=_dram_capacity(base, m), fused_cast=m.adam_fused_cast,
-                   peer_adam_gparams_per_s=peers)
+                   peer_adam_gparams_per_s=peers,
+                   state_update_gparams_per_s={**base.host.state_update_gparams_per_s,
+                                               **{mode: thread_curve(curve, curve.values())
+                                                  for mode, curve in m.state_update_gparams_per_s.items()}})
     if m.contention:
         factors, weight = contention_profile(m.contention)
         host = replace(host, dma_interference=factors, cpu_dram_weight=weight)

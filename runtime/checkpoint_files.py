@@ -1,8 +1,9 @@
 """A checkpoint directory on disk: written so that a crash, a kill or a full disk never costs the last good one,
 and checked on resume before anything is allocated.
 
-Layout: ``state.safetensors`` (fp32 master, exp_avg, exp_avg_sq) and ``meta.json`` (data and optimizer step,
-the model spec, policy, world size, seq, batch, and a BLAKE2b digest of the state file). A save writes
+Layout: ``state.safetensors`` (master, exp_avg, exp_avg_sq in the run's state precision, plus the per-block
+scales of 8-bit moments) and ``meta.json`` (``state``, the precision's name, absent meaning fp32; data and
+optimizer step, the model spec, policy, world size, seq, batch, and a BLAKE2b digest of the state file). A save writes
 ``<name>.tmp-<pid>``, fsyncs it, moves the old checkpoint aside to ``<name>.old-<pid>``, renames the new one
 into place, fsyncs the parent and deletes the old one; :func:`recover` finishes or undoes whatever a killed
 save left. :func:`verify` checks a checkpoint without loading it into memory: meta.json readable, the digest,
@@ -19,10 +20,17 @@ import shutil
 from pathlib import Path
 
 from slidedp.errors import SlideDPError
+from slidedp.state_precision import EXACT, StatePrecision
 
 STATE_FILE = "state.safetensors"
 META_FILE = "meta.json"
 TENSORS = ("master", "exp_avg", "exp_avg_sq")
+SCALES = ("exp_avg_scale", "exp_avg_sq_scale")  # 8-bit moments only
+
+
+def tensor_names(precision: StatePrecision) -> tuple[str, ...]:
+    """The tensors a checkpoint of this state precision holds."""
+    return TENSORS + SCALES if precision.moments == "int8" else TENSORS
 _PIECE = 64 * 2**20
 MAX_STEP = 10**15  # the steps become int64 tensors and schedule arithmetic: a 30-digit step is corruption
 
@@ -94,8 +102,9 @@ def write(directory: Path, tensors: dict, meta: dict, before_meta=None) -> None:
         shutil.rmtree(old)
 
 
-def verify(directory: Path, numel: int) -> dict:
-    """meta.json of a checkpoint whose state file is intact and holds ``numel`` parameters per tensor."""
+def verify(directory: Path, numel: int, precision: StatePrecision = EXACT) -> dict:
+    """meta.json of a checkpoint whose state file is intact and holds ``numel`` parameters per tensor in the
+    state precision ``precision`` (another precision is refused in one line: the state is not converted)."""
     from safetensors import SafetensorError, safe_open
 
     directory = Path(directory)
@@ -109,6 +118,10 @@ def verify(directory: Path, numel: int) -> dict:
         raise SlideDPError(f"{where}: unreadable {META_FILE} ({type(exc).__name__})") from None
     if not (0 <= step <= MAX_STEP and 0 <= data_step <= MAX_STEP):
         raise SlideDPError(f"{where}: a step in {META_FILE} is negative or beyond {MAX_STEP:.0e}")
+    saved = meta.get("state", EXACT.name)
+    if saved != precision.name:
+        raise SlideDPError(f"{where} holds {saved} host state and this run asks for {precision.name}: resume with "
+                           f"--state {saved} (a checkpoint is not converted between state precisions)")
     expected = meta.get("state_blake2b")
     if expected is not None and digest(directory / STATE_FILE) != expected:
         raise SlideDPError(f"{where}: {STATE_FILE} does not match the digest written with it (corrupted or "
@@ -119,6 +132,6 @@ def verify(directory: Path, numel: int) -> dict:
     except (SafetensorError, OSError, ValueError) as exc:
         raise SlideDPError(f"{where}: {STATE_FILE} is not a readable safetensors file "
                            f"({str(exc).splitlines()[0][:80]})") from None
-    if set(shapes) != set(TENSORS) or any(s != (numel,) for s in shapes.values()):
+    if set(shapes) != set(tensor_names(precision)) or any(shapes[t] != (numel,) for t in TENSORS):
         raise SlideDPError(f"{where} holds {shapes}, the model has {numel} parameters per tensor")
     return meta

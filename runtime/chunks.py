@@ -1,6 +1,6 @@
 """Which chunks exist, who updates which part of each, and the shared flags that say an update is done.
 
-Every unit is cut into ``chunks_per_layer`` contiguous chunks (:func:`slidedp.routes.chunk_ranges`); the
+Every unit is cut into ``chunks_per_layer`` contiguous chunks (:meth:`slidedp.routes.Routes.chunk_ranges`); the
 chunk is the grain of every copy and of every CPU update job. :class:`Routes` decides which rank's worker
 updates which part of a chunk; this table turns that into ranges of the flat host state and, with data
 parallel ranks, publishes and polls the per (chunk, owner) flags in shared memory: a rank streams a
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import torch
 
 from slidedp.policy import Policy
-from slidedp.routes import Routes, chunk_ranges
+from slidedp.routes import Routes
 from slidedp.runtime.hf_adapter import ModelAdapter, UnitLayout
 
 FLAG_POLL_S = 0.0002  # how long a rank sleeps between looks at another rank's flag
@@ -25,8 +25,9 @@ def shared_buffer_sizes(adapter: ModelAdapter, policy: Policy, world: int) -> tu
     """Entries of the shared update-flag table and elements of each rank's gradient landing buffer that a
     data-parallel engine with this policy needs (see HostState.allocate_shared): one flag per chunk and
     rank; a landing buffer of the largest unit only where the CPU sums per-rank gradient copies."""
-    flags = sum(len(chunk_ranges(u.numel, policy.chunks_per_layer)) for u in adapter.units) * world
-    landing = max(u.numel for u in adapter.units) if Routes.of(policy, world).cpu_reduces else 0
+    routes = Routes.of(policy, world)
+    flags = sum(len(routes.chunk_ranges(u.numel)) for u in adapter.units) * world
+    landing = max(u.numel for u in adapter.units) if routes.cpu_reduces else 0
     return flags, landing
 
 
@@ -42,7 +43,7 @@ class ChunkTable:
         self.units, self.routes, self.rank = units, routes, rank
         self.host_units_from = host_units_from
         self.flags = flags  # shared int64 table, data parallel only (HostState.flags)
-        self._ranges = [chunk_ranges(u.numel, routes.chunks) for u in units]
+        self._ranges = [routes.chunk_ranges(u.numel) for u in units]
         self._base = [0]  # index of each unit's first chunk in the flag table
         for ranges in self._ranges[:-1]:
             self._base.append(self._base[-1] + len(ranges))

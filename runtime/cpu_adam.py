@@ -1,5 +1,8 @@
 """A one-pass CPU AdamW for a bf16 gradient slot: read the gradient and fp32 state once, write the fp32
-state and the new bf16 weights once (28 bytes per parameter of DRAM traffic).
+state and the new bf16 weights once (28 bytes per parameter of DRAM traffic). ``adamw_compact`` does the same
+for compact state (bf16 master and/or bf16 or blockwise 8-bit moments, runtime/compact_adam.py says how and
+is its bit-identical torch fallback): per block of INT8_BLOCK elements it dequantizes the moments into L1,
+updates, writes the master (stochastically rounded when bf16) and the streamed weights, and quantizes back.
 
 torch's fused CPU AdamW needs an fp32 gradient and a separate fp32 -> bf16 cast, so the stock path
 makes three passes (upcast, update, cast) over memory; on a host where DRAM bandwidth is the limit that
@@ -16,11 +19,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from slidedp.state_precision import INT8_BLOCK
+
 _SOURCE = r"""
 #include <torch/extension.h>
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <optional>
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t u = static_cast<uint32_t>(h) << 16;
@@ -69,11 +76,217 @@ void adamw_bf16(torch::Tensor param, torch::Tensor exp_avg, torch::Tensor exp_av
     }
 }
 
+// ---- compact state -------------------------------------------------------------------------------------
+// Every line is one IEEE fp32 operation in the order runtime/compact_adam.py uses (built without FMA
+// contraction), so this kernel and the torch path agree bit for bit.
+static inline uint32_t mix32(uint32_t x) {
+    x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
+    return x;
+}
+
+static inline uint32_t rounding_bits(uint32_t key, int64_t index) {
+    return mix32(static_cast<uint32_t>(index) ^ mix32(static_cast<uint32_t>(index >> 32) ^ key));
+}
+
+static inline uint16_t f32_to_bf16_sr(float f, uint32_t bits) {  // stochastic rounding, NaN stays NaN
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    const uint32_t rounded = (u + (bits >> 16)) >> 16;
+    const uint32_t quiet_nan = (u >> 16) | 0x40u;
+    return static_cast<uint16_t>(((u & 0x7fffffffu) > 0x7f800000u) ? quiet_nan : rounded);
+}
+
+enum { F32 = 0, BF16 = 1, Q8 = 2 };          // storage of master / moments / gradient
+enum { W_NONE = 0, W_GRAD = 1, W_BF16 = 2 };  // streamed weights: none (bf16 master), into the gradient slot, apart
+
+struct Compact {
+    void* master; void* m; void* v; float* m_scale; float* v_scale; void* grad; uint16_t* weights;
+    int64_t n, index0;
+    float omb1, b2, omb2, decay, step_size, inv_sqrt_bc2, eps, scale;
+    uint32_t key_p, key_m, key_v;
+};
+
+template <int MK, int QK, int GK, int WK>
+static void compact_run(const Compact& a) {
+    // Everything the loops read is a local: through the struct, a store to the state could alias its fields
+    // and the compiler would neither hoist nor vectorize.
+    constexpr int64_t B = SLIDEDP_BLOCK;
+    const int64_t n = a.n, index0 = a.index0;
+    const float omb1 = a.omb1, b2 = a.b2, omb2 = a.omb2, decay = a.decay, step_size = a.step_size;
+    const float inv_sqrt_bc2 = a.inv_sqrt_bc2, eps = a.eps, scale = a.scale;
+    const uint32_t key_p = a.key_p, key_m = a.key_m, key_v = a.key_v;
+    float* __restrict__ p32 = static_cast<float*>(a.master);
+    uint16_t* __restrict__ p16 = static_cast<uint16_t*>(a.master);
+    float* __restrict__ m32 = static_cast<float*>(a.m);
+    float* __restrict__ v32 = static_cast<float*>(a.v);
+    uint16_t* __restrict__ m16 = static_cast<uint16_t*>(a.m);
+    uint16_t* __restrict__ v16 = static_cast<uint16_t*>(a.v);
+    int8_t* __restrict__ m8 = static_cast<int8_t*>(a.m);
+    uint8_t* __restrict__ v8 = static_cast<uint8_t*>(a.v);
+    float* __restrict__ ms = a.m_scale;
+    float* __restrict__ vs = a.v_scale;
+    float* g32 = static_cast<float*>(a.grad);      // may be the weights' slot too (W_GRAD): no restrict
+    uint16_t* g16 = static_cast<uint16_t*>(a.grad);
+    uint16_t* __restrict__ w16 = a.weights;
+    const int64_t blocks = (n + B - 1) / B;
+    #pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t s = blk * B;
+        const int64_t len = std::min(B, n - s);
+        alignas(64) float mb[B];
+        alignas(64) float vb[B];
+        alignas(64) float sb[B];  // sqrt(v): the update's denominator, reused by the 8-bit v map
+        if (QK == F32) {
+            for (int64_t i = 0; i < len; ++i) { mb[i] = m32[s + i]; vb[i] = v32[s + i]; }
+        } else if (QK == BF16) {
+            for (int64_t i = 0; i < len; ++i) { mb[i] = bf16_to_f32(m16[s + i]); vb[i] = bf16_to_f32(v16[s + i]); }
+        } else {
+            const float sm = ms[blk], sv = vs[blk];
+            for (int64_t i = 0; i < len; ++i) {
+                const float t = static_cast<float>(m8[s + i]) * (1.0f / 127.0f);
+                mb[i] = t * std::fabs(t) * sm;
+                const float w = static_cast<float>(v8[s + i]) * (1.0f / 255.0f);
+                const float w2 = w * w;
+                vb[i] = w2 * w2 * sv;
+            }
+        }
+        float am = 0.0f, av = 0.0f;
+        #pragma omp simd reduction(max:am, av)
+        for (int64_t i = 0; i < len; ++i) {
+            const int64_t j = s + i;
+            const float g = (GK == F32 ? g32[j] : bf16_to_f32(g16[j])) * scale;
+            const float mi = mb[i] + omb1 * (g - mb[i]);
+            const float vi = b2 * vb[i] + (omb2 * g) * g;
+            const float p = MK == F32 ? p32[j] : bf16_to_f32(p16[j]);
+            const float si = std::sqrt(vi);
+            const float pn = p * decay - (step_size * mi) / (si * inv_sqrt_bc2 + eps);
+            if (MK == F32) p32[j] = pn;
+            else p16[j] = f32_to_bf16_sr(pn, rounding_bits(key_p, index0 + j));
+            if (WK == W_GRAD) {
+                if (GK == F32) g32[j] = pn;
+                else g16[j] = f32_to_bf16(pn);
+            } else if (WK == W_BF16) {
+                w16[j] = f32_to_bf16(pn);
+            }
+            mb[i] = mi;
+            vb[i] = vi;
+            sb[i] = si;
+            am = std::max(am, std::fabs(mi));
+            av = std::max(av, vi);
+        }
+        if (QK == F32) {
+            for (int64_t i = 0; i < len; ++i) { m32[s + i] = mb[i]; v32[s + i] = vb[i]; }
+        } else if (QK == BF16) {
+            for (int64_t i = 0; i < len; ++i) {
+                m16[s + i] = f32_to_bf16_sr(mb[i], rounding_bits(key_m, index0 + s + i));
+                v16[s + i] = f32_to_bf16_sr(vb[i], rounding_bits(key_v, index0 + s + i));
+            }
+        } else {
+            const float im = am > 0.0f ? 1.0f / am : 0.0f;
+            const float iv = av > 0.0f ? 1.0f / std::sqrt(av) : 0.0f;
+            for (int64_t i = 0; i < len; ++i) {
+                const float r = mb[i] * im;
+                float q = std::nearbyint(std::sqrt(std::fabs(r)) * 127.0f);
+                q = std::min(q, 127.0f);
+                m8[s + i] = static_cast<int8_t>(mb[i] < 0.0f ? -q : q);
+                float qv = std::nearbyint(std::sqrt(sb[i] * iv) * 255.0f);  // (v / absmax) ** (1/4)
+                qv = std::min(qv, 255.0f);
+                qv = (qv == 0.0f && vb[i] > 0.0f) ? 1.0f : qv;
+                v8[s + i] = static_cast<uint8_t>(qv);
+            }
+            ms[blk] = am;
+            vs[blk] = av;
+        }
+    }
+}
+
+static int kind_of(const torch::Tensor& t) {
+    switch (t.scalar_type()) {
+        case at::kFloat: return F32;
+        case at::kBFloat16: return BF16;
+        case at::kChar: return Q8;
+        default: TORCH_CHECK(false, "unsupported state dtype");
+    }
+    return F32;
+}
+
+template <int MK, int QK>
+static void dispatch_gw(const Compact& a, int gk, int wk) {
+    if (MK == BF16) {
+        TORCH_CHECK(wk == W_NONE, "a bf16 master is the streamed weight");
+        if (gk == F32) compact_run<MK, QK, F32, W_NONE>(a); else compact_run<MK, QK, BF16, W_NONE>(a);
+    } else if (wk == W_GRAD) {
+        if (gk == F32) compact_run<MK, QK, F32, W_GRAD>(a); else compact_run<MK, QK, BF16, W_GRAD>(a);
+    } else {
+        TORCH_CHECK(wk == W_BF16 && gk == F32, "separate weights are bf16 with an fp32 gradient");
+        compact_run<MK, QK, F32, W_BF16>(a);
+    }
+}
+
+void adamw_compact(torch::Tensor master, torch::Tensor exp_avg, torch::Tensor exp_avg_sq,
+                   std::optional<torch::Tensor> m_scale, std::optional<torch::Tensor> v_scale, torch::Tensor grad,
+                   std::optional<torch::Tensor> weights, double lr, double beta1, double beta2, double eps,
+                   double weight_decay, double step, double grad_scale, int64_t key_p, int64_t key_m,
+                   int64_t key_v, int64_t index0) {
+    for (auto* t : {&master, &exp_avg, &exp_avg_sq, &grad})
+        TORCH_CHECK(t->is_contiguous(), "contiguous tensors expected");
+    const int64_t n = master.numel();
+    TORCH_CHECK(exp_avg.numel() == n && exp_avg_sq.numel() == n && grad.numel() == n, "size mismatch");
+    const int mk = kind_of(master), qk = kind_of(exp_avg), gk = kind_of(grad);
+    TORCH_CHECK(mk != Q8 && gk != Q8, "master and gradient are fp32 or bf16");
+    Compact a{};
+    a.master = master.data_ptr(); a.m = exp_avg.data_ptr(); a.v = exp_avg_sq.data_ptr(); a.grad = grad.data_ptr();
+    a.m_scale = nullptr; a.v_scale = nullptr; a.weights = nullptr;
+    if (qk == Q8) {
+        TORCH_CHECK(exp_avg_sq.scalar_type() == at::kByte && m_scale && v_scale,
+                    "8-bit moments need uint8 v and scales");
+        const int64_t blocks = (n + SLIDEDP_BLOCK - 1) / SLIDEDP_BLOCK;
+        TORCH_CHECK(m_scale->numel() >= blocks && v_scale->numel() >= blocks && m_scale->is_contiguous() &&
+                    v_scale->is_contiguous() && m_scale->scalar_type() == at::kFloat, "scale size mismatch");
+        a.m_scale = m_scale->data_ptr<float>(); a.v_scale = v_scale->data_ptr<float>();
+    } else {
+        TORCH_CHECK(exp_avg_sq.scalar_type() == exp_avg.scalar_type(), "moment dtypes differ");
+    }
+    int wk = W_NONE;
+    if (weights) {
+        TORCH_CHECK(weights->numel() == n && weights->is_contiguous(), "weights size mismatch");
+        if (weights->data_ptr() == grad.data_ptr()) {
+            wk = W_GRAD;
+        } else {
+            TORCH_CHECK(weights->scalar_type() == at::kBFloat16, "separate weights must be bf16");
+            wk = W_BF16;
+            a.weights = reinterpret_cast<uint16_t*>(weights->data_ptr<at::BFloat16>());
+        }
+    }
+    a.n = n; a.index0 = index0;
+    a.omb1 = 1.0 - beta1; a.b2 = beta2; a.omb2 = 1.0 - beta2;
+    a.decay = 1.0 - lr * weight_decay;
+    const double bc1 = 1.0 - std::pow(beta1, step), bc2 = 1.0 - std::pow(beta2, step);
+    a.step_size = lr / bc1;
+    a.inv_sqrt_bc2 = 1.0 / std::sqrt(bc2);
+    a.eps = eps; a.scale = grad_scale;
+    a.key_p = static_cast<uint32_t>(key_p);
+    a.key_m = static_cast<uint32_t>(key_m);
+    a.key_v = static_cast<uint32_t>(key_v);
+    pybind11::gil_scoped_release no_gil;
+    const int code = mk * 3 + qk;
+    switch (code) {
+        case F32 * 3 + F32: dispatch_gw<F32, F32>(a, gk, wk); break;
+        case F32 * 3 + BF16: dispatch_gw<F32, BF16>(a, gk, wk); break;
+        case F32 * 3 + Q8: dispatch_gw<F32, Q8>(a, gk, wk); break;
+        case BF16 * 3 + F32: dispatch_gw<BF16, F32>(a, gk, wk); break;
+        case BF16 * 3 + BF16: dispatch_gw<BF16, BF16>(a, gk, wk); break;
+        default: dispatch_gw<BF16, Q8>(a, gk, wk); break;
+    }
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("adamw_bf16", &adamw_bf16, "one-pass AdamW with a bf16 gradient/weight slot");
+    m.def("adamw_compact", &adamw_compact, "one-pass AdamW on compact (bf16 / blockwise 8-bit) host state");
 }
 """
 
+KERNEL_NAME = "slidedp_cpu_adam_v2"  # a new name per source revision: an old build is never loaded
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -84,7 +297,7 @@ BUILD_WAIT_S = 300.0  # how long a run waits for another process's build of the 
 def build_directory() -> Path:
     """Where the kernel is built (under TORCH_EXTENSIONS_DIR, or torch's default cache)."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "torch_extensions")
-    path = Path(root) / "slidedp_cpu_adam"
+    path = Path(root) / KERNEL_NAME
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -122,10 +335,12 @@ def fused_kernel():
             try:
                 from torch.utils.cpp_extension import load_inline
 
+                # No FMA contraction: the compact update must round exactly like its torch fallback.
+                source = f"#define SLIDEDP_BLOCK {INT8_BLOCK}\n" + _SOURCE
                 _state["module"] = locked_build(lambda directory: load_inline(
-                    name="slidedp_cpu_adam", cpp_sources=[_SOURCE], build_directory=directory,
-                    extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                    verbose=False))
+                    name=KERNEL_NAME, cpp_sources=[source], build_directory=directory,
+                    extra_cflags=["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"],
+                    extra_ldflags=["-fopenmp"], verbose=False))
             except Exception as exc:  # no compiler, no headers, a build that never ends: fall back, say why once
                 _state["module"] = None
                 _state["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

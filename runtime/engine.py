@@ -77,6 +77,7 @@ class EngineConfig:
     adam_threads: int | None = None
     fused_adam: bool | None = None
     resident_weights: bool = False
+    rounding_seed: int = 0  # compact state: the stochastic rounding's seed (a resumed run keeps its run's)
 
     def __post_init__(self) -> None:
         if self.policy.update_schedule == "as_ready" and self.optim.max_grad_norm is not None:
@@ -135,6 +136,8 @@ class StreamingEngine:
         self.config, self.policy, self.optim, self.seq, self.cdt = config, pol, config.optim, config.seq, cdt
         self.adapter, self.host, self.device, self.recorder = adapter, host, device, recorder
         self.comm = comm or Comm()
+        if pol.state_precision != host.precision:
+            raise SlideDPError(f"policy state {pol.state} but the host state is {host.precision.name}")
         self.routes = Routes.of(pol, self.comm.world, weight_bytes=cdt.itemsize, grad_bytes=host.grad_buffer.itemsize)
         if self.comm.active and (host.flags is None or (self.routes.cpu_reduces and host.landing is None)):
             raise SlideDPError("data parallel needs a shared host state (HostState.allocate_shared)")
@@ -158,7 +161,8 @@ class StreamingEngine:
         self.table = ChunkTable(self.units, self.routes, self.comm.rank, host_units_from=held, flags=host.flags)
         as_ready = pol.update_schedule == "as_ready"
         self.updates = HostUpdater(self.table, host, config.optim, recorder, as_ready, threaded=device.is_cuda,
-                                   threads=config.adam_threads, fused_adam=config.fused_adam)
+                                   threads=config.adam_threads, fused_adam=config.fused_adam,
+                                   seed=config.rounding_seed)
         self.params = ParamStreamer(self.table, self.routes, host, device, recorder, self.comm, cdt,
                                     before_chunk=self.updates.wait_chunk, keep_all=resident)
         self.offload = ActivationOffload(device, recorder)

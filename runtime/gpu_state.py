@@ -53,10 +53,11 @@ class GpuOptimizerState:
         self.master, self.exp_avg, self.exp_avg_sq, self.weights = [], [], [], []
         for unit in self.units:
             lo, hi = unit.offset, unit.offset + unit.numel
-            master = host.master[lo:hi].to(dev, dtype=torch.float32, copy=True)
+            master, m, v = host.read_fp32(lo, hi)  # compact host state is widened: these units keep fp32 state
+            master = master.to(dev)
             self.master.append(master)
-            self.exp_avg.append(host.exp_avg[lo:hi].to(dev, dtype=torch.float32, copy=True))
-            self.exp_avg_sq.append(host.exp_avg_sq[lo:hi].to(dev, dtype=torch.float32, copy=True))
+            self.exp_avg.append(m.to(dev))
+            self.exp_avg_sq.append(v.to(dev))
             self.weights.append(master.to(self.cdt))
         self.loaded_step = step
 
@@ -80,10 +81,13 @@ class GpuOptimizerState:
         """Make the host state authoritative again (before a checkpoint, an export, the end of training)."""
         for u, unit in enumerate(self.units):
             lo, hi = unit.offset, unit.offset + unit.numel
-            host.master[lo:hi].copy_(self.master[u])
-            host.exp_avg[lo:hi].copy_(self.exp_avg[u])
-            host.exp_avg_sq[lo:hi].copy_(self.exp_avg_sq[u])
-            host.slot[lo:hi].copy_(self.weights[u])
+            if host.precision.is_exact:
+                host.master[lo:hi].copy_(self.master[u])
+                host.exp_avg[lo:hi].copy_(self.exp_avg[u])
+                host.exp_avg_sq[lo:hi].copy_(self.exp_avg_sq[u])
+                host.slot[lo:hi].copy_(self.weights[u])
+            else:  # rounded into the compact host state (the replica itself stays fp32 until reloaded)
+                host.write_fp32(lo, hi, self.master[u].cpu(), self.exp_avg[u].cpu(), self.exp_avg_sq[u].cpu())
 
 
 class GpuHeldUnits:

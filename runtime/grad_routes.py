@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from slidedp.routes import Routes, shard_bounds
+from slidedp.routes import Routes
 from slidedp.runtime.chunks import ChunkTable
 from slidedp.runtime.comm import Comm
 from slidedp.runtime.device import Device
@@ -75,7 +75,7 @@ class GradientRoutes:
         chunk. Returns those sums back to back (zero padding where shards are uneven) and, per chunk, where
         the shard starts in them and which unit-local range it covers."""
         comm = self.comm
-        bounds = [shard_bounds(a, b, comm.world) for a, b in self.table.chunks(u)]
+        bounds = [self.routes.shard_bounds(a, b) for a, b in self.table.chunks(u)]
         widths = [max(bd[r + 1] - bd[r] for r in range(comm.world)) for bd in bounds]
         out = torch.empty(sum(widths), dtype=gflat.dtype, device=gflat.device)
         pieces, off = [], 0

@@ -5,6 +5,11 @@ bf16) that holds the new weights between the update and the next H2D, and the gr
 D2H and the update. The two uses never overlap (a unit's backward re-fetch precedes its gradient), so
 the state is 14 B/param. Each tensor is one allocation, registered with CUDA as pinned memory where a
 GPU is used, so PyTorch's power-of-two pinned-allocator rounding never applies.
+
+Compact state (slidedp.state_precision, Policy.state): the moments may be bf16, or int8 (m) / uint8 (v)
+codes with one fp32 absmax scale per block of INT8_BLOCK elements counted from each unit's start; a bf16
+master is itself the slot the GPU streams (``slot is master``), and the gradient then lands in a buffer of
+its own. runtime/compact_adam.py says how these are updated and rounded.
 """
 
 from __future__ import annotations
@@ -12,15 +17,18 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass
+from bisect import bisect_right
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from slidedp.errors import SlideDPError
 from slidedp.runtime import checkpoint_files
+from slidedp.runtime.compact_adam import CompactRange, load_moments, store_moments
 from slidedp.runtime.hf_adapter import ModelAdapter
 from slidedp.runtime.shared_dir import SharedDir
+from slidedp.state_precision import EXACT, INT8_BLOCK, StatePrecision, unit_block_starts
 
 # Fault injection for the tests, both keyed by the data step whose checkpoint write they interrupt, after the
 # state file and before meta.json: KILL makes the saving process SIGKILL itself there; PAUSE makes it write
@@ -46,7 +54,8 @@ def _shared(shared: SharedDir, name: str, numel: int, dtype: torch.dtype, create
     if create:
         with shared.create_file(name, nbytes):
             pass
-    t = torch.from_file(str(shared.check_file(name, nbytes)), shared=True, size=numel, dtype=dtype)
+    t = torch.from_file(str(shared.check_file(name, nbytes)), shared=True, size=numel, dtype=dtype) if numel else \
+        torch.empty(0, dtype=dtype)
     if pin:
         _register(t)
     return t
@@ -73,7 +82,7 @@ class HostState:
     master: torch.Tensor
     exp_avg: torch.Tensor
     exp_avg_sq: torch.Tensor
-    slot: torch.Tensor  # the weight/gradient slot in the compute dtype (see the class docstring)
+    slot: torch.Tensor  # the weight/gradient slot in the compute dtype (see the class docstring); a bf16 master
     grads: torch.Tensor | None  # separate gradient buffer when the gradient dtype differs from the slot's
     pinned: bool
     step: int = 0  # optimizer steps applied
@@ -81,51 +90,150 @@ class HostState:
     # rank streams a chunk only once every owner has updated it; and each rank's gradient landing buffer.
     flags: torch.Tensor | None = None
     landing: list[torch.Tensor] | None = None
+    precision: StatePrecision = EXACT
+    exp_avg_scale: torch.Tensor | None = None  # 8-bit moments: fp32 absmax per block
+    exp_avg_sq_scale: torch.Tensor | None = None
+    unit_offsets: list[int] = field(default_factory=lambda: [0])  # flat offset of each unit (the 8-bit blocks)
+    block_starts: list[int] = field(default_factory=lambda: [0])  # unit_block_starts of the units
+
+    @staticmethod
+    def _dtypes(precision: StatePrecision) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
+        """Storage dtypes of master, exp_avg and exp_avg_sq."""
+        master = torch.bfloat16 if precision.master == "bf16" else torch.float32
+        if precision.moments == "int8":
+            return master, torch.int8, torch.uint8
+        moments = torch.bfloat16 if precision.moments == "bf16" else torch.float32
+        return master, moments, moments
+
+    @staticmethod
+    def _check(precision: StatePrecision, slot_dtype: torch.dtype) -> None:
+        if precision.master_streams and slot_dtype != torch.bfloat16:
+            raise SlideDPError(f"state {precision.name}: a bf16 master is the weight the device reads, so the "
+                               f"compute dtype must be bf16 (use --dtype bf16 or auto)")
 
     @classmethod
-    def allocate(cls, numel: int, slot_dtype: torch.dtype, grad_dtype: torch.dtype, pin: bool) -> HostState:
-        grads = None if grad_dtype == slot_dtype else _alloc(numel, grad_dtype, pin)
-        return cls(_alloc(numel, torch.float32, pin), _alloc(numel, torch.float32, pin),
-                   _alloc(numel, torch.float32, pin), _alloc(numel, slot_dtype, pin), grads, pin)
+    def allocate(cls, numel: int, slot_dtype: torch.dtype, grad_dtype: torch.dtype, pin: bool,
+                 precision: StatePrecision = EXACT, unit_numels: list[int] | None = None) -> HostState:
+        """The state of ``numel`` parameters; ``unit_numels`` (summing to numel) place the 8-bit blocks."""
+        cls._check(precision, slot_dtype)
+        unit_numels = list(unit_numels) if unit_numels is not None else [numel]
+        md, qm, qv = cls._dtypes(precision)
+        master = _alloc(numel, md, pin)
+        slot = master if precision.master_streams else _alloc(numel, slot_dtype, pin)
+        grads = None if grad_dtype == slot_dtype and not precision.master_streams else _alloc(numel, grad_dtype, pin)
+        state = cls(master, _alloc(numel, qm, pin), _alloc(numel, qv, pin), slot, grads, pin, precision=precision)
+        state._place_blocks(unit_numels)
+        if precision.moments == "int8":
+            blocks = state.block_starts[-1]
+            state.exp_avg_scale, state.exp_avg_sq_scale = _alloc(blocks, torch.float32, pin), \
+                _alloc(blocks, torch.float32, pin)
+        return state
 
     @classmethod
     def allocate_shared(cls, shared: SharedDir, numel: int, slot_dtype: torch.dtype, grad_dtype: torch.dtype,
-                        pin: bool, create: bool, flags: int, world: int, landing_numel: int) -> HostState:
+                        pin: bool, create: bool, flags: int, world: int, landing_numel: int,
+                        precision: StatePrecision = EXACT, unit_numels: list[int] | None = None) -> HostState:
         """The one state all ranks share, in files of ``shared`` (rank 0 creates them first)."""
         def file(name: str, n: int, dtype: torch.dtype, pinned: bool = pin) -> torch.Tensor:
             return _shared(shared, name, n, dtype, create, pinned)
 
-        grads = None if grad_dtype == slot_dtype else file("grads.bin", numel, grad_dtype)
-        state = cls(file("master.bin", numel, torch.float32), file("exp_avg.bin", numel, torch.float32),
-                    file("exp_avg_sq.bin", numel, torch.float32), file("slot.bin", numel, slot_dtype), grads, pin)
+        cls._check(precision, slot_dtype)
+        unit_numels = list(unit_numels) if unit_numels is not None else [numel]
+        md, qm, qv = cls._dtypes(precision)
+        master = file("master.bin", numel, md)
+        slot = master if precision.master_streams else file("slot.bin", numel, slot_dtype)
+        grads = None if grad_dtype == slot_dtype and not precision.master_streams else \
+            file("grads.bin", numel, grad_dtype)
+        state = cls(master, file("exp_avg.bin", numel, qm), file("exp_avg_sq.bin", numel, qv), slot, grads, pin,
+                    precision=precision)
+        state._place_blocks(unit_numels)
+        if precision.moments == "int8":
+            blocks = state.block_starts[-1]
+            state.exp_avg_scale = file("exp_avg_scale.bin", blocks, torch.float32)
+            state.exp_avg_sq_scale = file("exp_avg_sq_scale.bin", blocks, torch.float32)
         state.flags = file("flags.bin", flags, torch.int64, False)
         if landing_numel:
             state.landing = [file(f"landing_{r}.bin", landing_numel, grad_dtype) for r in range(world)]
         return state
+
+    def _place_blocks(self, unit_numels: list[int]) -> None:
+        if sum(unit_numels) != self.master.numel():
+            raise SlideDPError(f"unit sizes sum to {sum(unit_numels)}, the state holds {self.master.numel()}")
+        self.unit_offsets = [0]
+        for n in unit_numels[:-1]:
+            self.unit_offsets.append(self.unit_offsets[-1] + n)
+        self.block_starts = unit_block_starts(unit_numels)
 
     @property
     def grad_buffer(self) -> torch.Tensor:
         """Where a gradient waits for its update: the slot itself when the gradient has the slot's dtype."""
         return self.slot if self.grads is None else self.grads
 
+    def _tensors(self) -> list[torch.Tensor]:
+        """Every distinct host buffer of the state (a bf16 master is also the slot)."""
+        found: list[torch.Tensor] = []
+        for t in (self.master, self.exp_avg, self.exp_avg_sq, self.slot, self.grads, self.exp_avg_scale,
+                  self.exp_avg_sq_scale):
+            if t is not None and all(t is not f for f in found):
+                found.append(t)
+        return found
+
     def bytes_per_param(self) -> float:
-        total = sum(t.numel() * t.element_size() for t in (self.master, self.exp_avg, self.exp_avg_sq, self.slot))
-        if self.grads is not None:
-            total += self.grads.numel() * self.grads.element_size()
-        return total / self.master.numel()
+        return sum(t.numel() * t.element_size() for t in self._tensors()) / self.master.numel()
 
     def total_bytes(self) -> int:
         return int(self.bytes_per_param() * self.master.numel())
 
     def refresh_slot(self) -> None:
-        self.slot.copy_(self.master)
+        if self.slot is not self.master:
+            self.slot.copy_(self.master)
+
+    def restore_weights(self, lo: int, hi: int) -> None:
+        """Put the unchanged weights of [lo, hi) back in the slot (it held a gradient that is not applied)."""
+        if self.slot is not self.master:
+            self.slot[lo:hi].copy_(self.master[lo:hi])
 
     def close(self) -> None:
         if self.pinned:
-            for t in (self.master, self.exp_avg, self.exp_avg_sq, self.slot, self.grads, *(self.landing or [])):
-                if t is not None:
+            for t in [*self._tensors(), *(self.landing or [])]:
+                if t.numel():
                     torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
             self.pinned = False
+
+    # ---- compact state: ranges, reads and writes in fp32 ----------------------------------------------------
+    def block_index(self, lo: int) -> int:
+        """Index of the 8-bit block that starts at flat element ``lo`` (a chunk or shard start)."""
+        u = bisect_right(self.unit_offsets, lo) - 1
+        local = lo - self.unit_offsets[u]
+        if local % INT8_BLOCK:
+            raise SlideDPError(f"range start {lo} is not on an 8-bit block boundary of its unit")
+        return self.block_starts[u] + local // INT8_BLOCK
+
+    def range(self, lo: int, hi: int) -> CompactRange:
+        """Views of [lo, hi) for the compact update (the streamed weights go to the slot unless it is the
+        master)."""
+        scales = (None, None)
+        if self.exp_avg_scale is not None:
+            b0, b1 = self.block_index(lo), self.block_index(lo) + -(-(hi - lo) // INT8_BLOCK)
+            scales = (self.exp_avg_scale[b0:b1], self.exp_avg_sq_scale[b0:b1])
+        weights = None if self.slot is self.master else self.slot[lo:hi]
+        return CompactRange(self.master[lo:hi], self.exp_avg[lo:hi], self.exp_avg_sq[lo:hi], *scales,
+                            self.grad_buffer[lo:hi], weights, lo)
+
+    def read_fp32(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Master, m and v of [lo, hi) in fp32 (new tensors)."""
+        r = self.range(lo, hi)
+        m, v = load_moments(r)
+        return r.master.to(torch.float32, copy=True), m, v
+
+    def write_fp32(self, lo: int, hi: int, master: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
+        """Store fp32 master, m and v into [lo, hi) (nearest-even into bf16, blockwise into 8-bit) and refresh
+        the slot: GPU-held units writing back."""
+        r = self.range(lo, hi)
+        r.master.copy_(master)
+        store_moments(r, m.to(torch.float32), v.to(torch.float32), None)
+        if r.weights is not None:
+            r.weights.copy_(master)
 
     # ---- initialisation -----------------------------------------------------------------------------------
     def init_random(self, adapter: ModelAdapter, seed: int, device: torch.device | None = None) -> None:
@@ -139,6 +247,11 @@ class HostState:
                 adapter.init_unit_(unit, tmp, gen)
                 dest.copy_(tmp)
                 del tmp
+            elif dest.dtype != torch.float32:  # a bf16 master: the same numbers, rounded to nearest
+                gen = torch.Generator().manual_seed(seed * 100_003 + unit.index)
+                tmp = torch.empty(unit.numel, dtype=torch.float32)
+                adapter.init_unit_(unit, tmp, gen)
+                dest.copy_(tmp)
             else:
                 gen = torch.Generator().manual_seed(seed * 100_003 + unit.index)
                 adapter.init_unit_(unit, dest, gen)
@@ -171,8 +284,9 @@ class HostState:
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
     def save(self, directory: Path, meta: dict) -> None:
-        """Atomically write master, m, v and ``meta`` (runtime.checkpoint_files: temp directory, fsync, rename,
-        digest), so a crash, a kill or a full disk mid-write leaves the previous checkpoint untouched."""
+        """Atomically write master, m, v (and 8-bit scales) in their native dtypes and ``meta``
+        (runtime.checkpoint_files: temp directory, fsync, rename, digest), so a crash, a kill or a full disk
+        mid-write leaves the previous checkpoint untouched."""
         def fault_point(tmp: Path) -> None:  # see FAULT_KILL_IN_SAVE / FAULT_PAUSE_IN_SAVE
             step = str(meta.get("data_step"))
             if os.environ.get(FAULT_KILL_IN_SAVE) == step:
@@ -185,8 +299,10 @@ class HostState:
                     time.sleep(0.05)
                 marker.unlink()
 
-        checkpoint_files.write(Path(directory), {name: getattr(self, name) for name in checkpoint_files.TENSORS},
-                               {**meta, "optimizer_step": self.step}, before_meta=fault_point)
+        names = checkpoint_files.tensor_names(self.precision)
+        checkpoint_files.write(Path(directory), {name: getattr(self, name) for name in names},
+                               {**meta, "optimizer_step": self.step, "state": self.precision.name},
+                               before_meta=fault_point)
 
     def load(self, directory: Path) -> dict:
         """Fill master, m and v from a checkpoint that :func:`checkpoint_files.verify` accepts; non-finite
@@ -194,12 +310,16 @@ class HostState:
         from safetensors import safe_open
 
         directory = Path(directory)
-        meta = checkpoint_files.verify(directory, self.master.numel())
+        meta = checkpoint_files.verify(directory, self.master.numel(), self.precision)
         with safe_open(str(directory / checkpoint_files.STATE_FILE), framework="pt") as fh:
-            for name in checkpoint_files.TENSORS:
+            for name in checkpoint_files.tensor_names(self.precision):
                 dst = getattr(self, name)
-                dst.copy_(fh.get_tensor(name))
-                if not bool(torch.isfinite(dst).all()):
+                src = fh.get_tensor(name)
+                if src.shape != dst.shape or src.dtype != dst.dtype:
+                    raise SlideDPError(f"checkpoint {str(directory)!r}: {name} is {src.dtype} {tuple(src.shape)}, "
+                                       f"this state needs {dst.dtype} {tuple(dst.shape)}")
+                dst.copy_(src)
+                if dst.is_floating_point() and not bool(torch.isfinite(dst).all()):
                     raise SlideDPError(f"checkpoint {str(directory)!r}: {name} holds non-finite values; refusing "
                                        f"to resume from it")
         self.step = int(meta["optimizer_step"])

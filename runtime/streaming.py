@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from slidedp.routes import Routes, shard_bounds
+from slidedp.routes import Routes
 from slidedp.runtime.chunks import ChunkTable
 from slidedp.runtime.comm import Comm
 from slidedp.runtime.device import Device
@@ -93,7 +93,7 @@ class ParamStreamer:
                                             host_bytes=(b - a) * esize, stream=dev.h2d):
                         into.flat[a:b].copy_(src, non_blocking=True)
                     continue
-                bounds = shard_bounds(a, b, self.comm.world)
+                bounds = self.routes.shard_bounds(a, b)
                 sa, sb = bounds[self.comm.rank], bounds[self.comm.rank + 1]
                 mine = torch.empty(sb - sa, dtype=into.flat.dtype, device=dev.torch_device)
                 with self.recorder.span("h2d", "h2d_param", u, c, nbytes=(sb - sa) * esize,

@@ -143,7 +143,12 @@ class Trainer:
         if device.startswith("cuda") and s.world > 1:
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) // s.ranks_per_gpu}"
         self.device_name = device
-        dtype = s.dtype if s.dtype != "auto" else ("bf16" if device.startswith("cuda") else "fp32")
+        self.precision = s.policy.state_precision
+        dtype = s.dtype if s.dtype != "auto" else \
+            ("bf16" if device.startswith("cuda") or self.precision.master_streams else "fp32")
+        if self.precision.master_streams and dtype != "bf16":
+            raise SlideDPError(f"--state {self.precision.name}: a bf16 master is the weight the device reads, so "
+                               f"--dtype must be bf16 (or auto), got {dtype}")
         if dtype not in DTYPES:
             raise SlideDPError(f"--dtype must be bf16 or fp32, got {dtype!r}")
         self.compute_dtype = DTYPES[dtype]
@@ -194,7 +199,7 @@ class Trainer:
             self.log(f"checkpoint: {line}")
         if not path.is_dir():
             raise SlideDPError(f"--resume {s.resume!r}: no such checkpoint directory")
-        meta = checkpoint_files.verify(path, self.model_spec.total_params)
+        meta = checkpoint_files.verify(path, self.model_spec.total_params, self.precision)
         saved_spec = meta.get("model_spec")
         if saved_spec is not None and {k: v for k, v in saved_spec.items() if k != "name"} != \
                 {k: v for k, v in self.model_spec.to_dict().items() if k != "name"}:
@@ -222,15 +227,19 @@ class Trainer:
         if comm.active:
             shared, host, start_step = self._shared_state(adapter, comm, device, grad_dtype)
         else:
-            host = HostState.allocate(adapter.total_params, self.compute_dtype, grad_dtype, pin=device.is_cuda)
+            host = HostState.allocate(adapter.total_params, self.compute_dtype, grad_dtype, pin=device.is_cuda,
+                                      precision=self.precision, unit_numels=[u.numel for u in adapter.units])
             start_step = self._initialise(host, adapter, device)
         where = (f"predicted GPU peak {self.memory.gpu_peak / GIB:.1f} GiB of a {self.gpu_budget / GIB:.1f} GiB budget"
                  if device.is_cuda else "device cpu: no GPU, the weights stream into host memory")
+        self.log(f"host state {self.precision.name} (master {self.precision.master}, moments {self.precision.moments}"
+                 f"): {self.precision.host_bytes_per_param(host.grad_buffer.element_size()):.2f} bytes/param by spec")
         self.log(f"host state: {host.bytes_per_param():.1f} bytes/param x {adapter.total_params / 1e9:.3f} B params "
                  f"= {host.total_bytes() / GIB:.2f} GiB (one copy for {comm.world} rank(s), pinned={host.pinned}); "
                  f"{where}")
         threads = self.workload.adam_threads if device.is_cuda else None
-        config = EngineConfig(s.policy, s.optim, s.seq, self.compute_dtype, adam_threads=threads)
+        seed = int(self.resume_meta.get("rounding_seed", s.seed)) if self.resume_meta else s.seed
+        config = EngineConfig(s.policy, s.optim, s.seq, self.compute_dtype, adam_threads=threads, rounding_seed=seed)
         engine = StreamingEngine(config, adapter, self.model_spec, host, device, TraceRecorder(device, rank=comm.rank),
                                  comm)
         s.out.mkdir(parents=True, exist_ok=True)
@@ -315,7 +324,8 @@ class Trainer:
         s = self.spec
         flags, landing = shared_buffer_sizes(adapter, s.policy, comm.world)
         args = (adapter.total_params, self.compute_dtype, grad_dtype)
-        kwargs = dict(pin=device.is_cuda, flags=flags, world=comm.world, landing_numel=landing)
+        kwargs = dict(pin=device.is_cuda, flags=flags, world=comm.world, landing_numel=landing,
+                      precision=self.precision, unit_numels=[u.numel for u in adapter.units])
         run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
         sync_device = self.device_name if self.device_name.startswith("cuda") and not comm.host_staged else "cpu"
         ident = torch.tensor(list(bytes.fromhex(run_id)), dtype=torch.uint8, device=sync_device)
@@ -412,7 +422,7 @@ class Trainer:
                 _keep_aside(latest, data_step)
             host.save(latest, {"data_step": data_step, "policy": s.policy.to_dict(), "world": comm.world,
                                "seq": s.seq, "batch": self.per_step, "model_spec": self.model_spec.to_dict(),
-                               "schedule": schedule_dict(s.optim)})
+                               "schedule": schedule_dict(s.optim), "rounding_seed": engine.config.rounding_seed})
             _prune(s.out, s.keep - 1)
         comm.barrier()
 

@@ -18,6 +18,7 @@ import torch
 from slidedp.errors import SlideDPError
 from slidedp.resources import CAST_HOST_BYTES, FUSED_ADAM_HOST_BYTES, adam_host_bytes_per_param
 from slidedp.runtime.chunks import ChunkTable
+from slidedp.runtime.compact_adam import AdamScalars, compact_update
 from slidedp.runtime.cpu_adam import fused_kernel, fused_kernel_error
 from slidedp.runtime.device import Device
 from slidedp.runtime.host_state import HostState
@@ -100,13 +101,16 @@ class HostUpdater:
     """
 
     def __init__(self, table: ChunkTable, host: HostState, optim: OptimConfig, recorder: TraceRecorder,
-                 as_ready: bool, threaded: bool, threads: int | None, fused_adam: bool | None):
+                 as_ready: bool, threaded: bool, threads: int | None, fused_adam: bool | None, seed: int = 0):
         self.table, self.host, self.optim, self.recorder = table, host, optim, recorder
         self.as_ready = as_ready  # jobs run before the global norm is known: a chunk guards itself
-        # One-pass AdamW + bf16 cast when the gradient lands in the bf16 weight slot (None: when it compiles).
+        self.seed = seed  # of the stochastic rounding of compact state (runtime/compact_adam.py)
+        self.compact = not host.precision.is_exact
+        # One-pass AdamW + bf16 cast when the gradient lands in the bf16 weight slot, and for every compact
+        # state (None: when it compiles).
         slot_is_bf16 = host.grads is None and host.slot.dtype == torch.bfloat16
         self._kernel = None
-        if slot_is_bf16 and fused_adam is not False:
+        if (slot_is_bf16 or self.compact) and fused_adam is not False:
             self._kernel = fused_kernel()
             if self._kernel is None and fused_adam:
                 raise SlideDPError(f"the fused CPU AdamW kernel did not compile: {fused_kernel_error()}")
@@ -155,9 +159,8 @@ class HostUpdater:
     def restore_slots(self) -> None:
         """A skipped step: the owned slots hold its gradients; put the unchanged weights back."""
         self.worker.wait_all()
-        master, slot = self.host.master, self.host.slot
         for _, _, lo, hi in self.table.owned():
-            slot[lo:hi].copy_(master[lo:hi])
+            self.host.restore_weights(lo, hi)
 
     def close(self) -> None:
         self.worker.close()
@@ -176,8 +179,11 @@ class HostUpdater:
         n = hi - lo
         if self.as_ready and not bool(torch.isfinite(grad).all()):
             # Updated before the norm is known, a chunk can only protect itself: skip it, keep its weights.
-            host.slot[lo:hi].copy_(host.master[lo:hi])
+            host.restore_weights(lo, hi)
             self.nonfinite_chunks += 1
+            return
+        if self.compact:
+            self._update_compact(u, c, lo, hi, lr, coef, step)
             return
         if self._kernel is not None:  # one pass: read grad + state, write state + bf16 weights (28 B/param)
             with self.recorder.host_span("cpu", "adam", u, c, nbytes=n * FUSED_ADAM_HOST_BYTES,
@@ -192,3 +198,11 @@ class HostUpdater:
                          coef, self._scratch)
         with self.recorder.host_span("cpu", "cast", u, c, nbytes=n * CAST_HOST_BYTES, host_bytes=n * CAST_HOST_BYTES):
             host.slot[lo:hi].copy_(host.master[lo:hi])
+
+    def _update_compact(self, u: int, c: int, lo: int, hi: int, lr: float, coef: float, step: int) -> None:
+        """Compact state: the kernel, or its bit-identical torch path (runtime/compact_adam.py)."""
+        host, o = self.host, self.optim
+        nbytes = (hi - lo) * host.precision.update_dram_bytes_per_param(host.grad_buffer.element_size())
+        scalars = AdamScalars(lr, o.beta1, o.beta2, o.eps, o.weight_decay, step, coef, self.seed)
+        with self.recorder.host_span("cpu", "adam", u, c, nbytes=nbytes, host_bytes=nbytes):
+            compact_update(self._kernel, host.range(lo, hi), scalars)

@@ -18,16 +18,20 @@ from dataclasses import dataclass
 from slidedp.policy import Policy
 
 
-def chunk_ranges(numel: int, chunks: int) -> list[tuple[int, int]]:
+def chunk_ranges(numel: int, chunks: int, align: int = 1) -> list[tuple[int, int]]:
     """Element ranges [a, b) of a unit cut into at most ``chunks`` equal contiguous pieces (the last may be
-    shorter, and a unit smaller than ``chunks`` elements gets fewer pieces)."""
+    shorter, and a unit smaller than ``chunks`` elements gets fewer pieces). Every start is a multiple of
+    ``align`` (the 8-bit moment block: a block never spans two update jobs)."""
     step = -(-numel // chunks)
+    step = -(-step // align) * align
     return [(a, min(numel, a + step)) for a in range(0, numel, step)]
 
 
-def shard_bounds(a: int, b: int, world: int) -> list[int]:
-    """Split [a, b) into ``world`` contiguous, nearly equal parts; part r is [bounds[r], bounds[r + 1])."""
-    return [a + (b - a) * r // world for r in range(world + 1)]
+def shard_bounds(a: int, b: int, world: int, align: int = 1) -> list[int]:
+    """Split [a, b) into ``world`` contiguous, nearly equal parts; part r is [bounds[r], bounds[r + 1]). With
+    ``align`` > 1 (``a`` aligned) every inner bound is a multiple of it past ``a`` (parts may then be empty)."""
+    inner = [a + ((b - a) * r // world) // align * align for r in range(1, world)]
+    return [a, *inner, b] if world > 0 else [a]
 
 
 @dataclass(frozen=True)
@@ -44,11 +48,20 @@ class Routes:
     chunks: int
     weight_bytes: int = 2
     grad_bytes: int = 2
+    align: int = 1  # chunk and shard boundaries are multiples of this inside a unit (StatePrecision.block)
 
     @classmethod
     def of(cls, policy: Policy, ranks: int, weight_bytes: int = 2, grad_bytes: int | None = None) -> Routes:
         return cls(policy.param_route, policy.grad_route, ranks, policy.chunks_per_layer, weight_bytes,
-                   policy.grad_bytes if grad_bytes is None else grad_bytes)
+                   policy.grad_bytes if grad_bytes is None else grad_bytes, policy.state_precision.block)
+
+    def chunk_ranges(self, numel: int) -> list[tuple[int, int]]:
+        """The chunks of a unit of ``numel`` elements (unit-local ranges)."""
+        return chunk_ranges(numel, self.chunks, self.align)
+
+    def shard_bounds(self, a: int, b: int) -> list[int]:
+        """The per-rank shards of chunk [a, b) on the sharded routes."""
+        return shard_bounds(a, b, self.ranks, self.align)
 
     # ---- what runs where ---------------------------------------------------------------------------------
     @property
@@ -122,6 +135,6 @@ class Routes:
         if rank not in self.chunk_owners(u, c):
             return None
         if self.shards_updates and self.ranks > 1:
-            bounds = shard_bounds(a, b, self.ranks)
+            bounds = self.shard_bounds(a, b)
             return bounds[rank], bounds[rank + 1]
         return a, b

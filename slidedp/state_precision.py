@@ -21,7 +21,11 @@ MomentDtype = Literal["fp32", "bf16", "int8"]
 MASTER_DTYPES: tuple[str, ...] = ("fp32", "bf16")
 MOMENT_DTYPES: tuple[str, ...] = ("fp32", "bf16", "int8")
 
-# Elements per absmax scale of the 8-bit moments; one fp32 scale per block per moment.
+# Elements per absmax scale of the 8-bit moments; one fp32 scale per block per moment. Blocks are counted from
+# each unit's first element (a unit's last block may be shorter), and every chunk and data-parallel shard
+# boundary is a multiple of the block inside its unit (slidedp.routes), so no update job shares a block with
+# another. Why 256 (and the maps, in runtime/compact_adam.py): benchmarks/quant_maps.py measured the
+# round-trip error of the Adam update direction for blocks of 64, 256 and 2048 (benchmarks/RESULTS.md).
 INT8_BLOCK = 256
 _SCALE_BYTES = 4
 _ELEMENT_BYTES = {"fp32": 4, "bf16": 2}
@@ -79,6 +83,11 @@ class StatePrecision:
             return 1 + _SCALE_BYTES / INT8_BLOCK
         return _ELEMENT_BYTES[self.moments]
 
+    @property
+    def block(self) -> int:
+        """Element alignment that chunk and shard boundaries need: the 8-bit block, else 1."""
+        return INT8_BLOCK if self.moments == "int8" else 1
+
     def host_bytes_per_param(self, grad_bytes: int = 2) -> float:
         """Host bytes per parameter of the shared state: master, m, v and the gradient slot (which with an fp32
         master also holds the bf16 weights the next H2D reads). 14 for fp32 with bf16 gradients, ~8 with 8-bit
@@ -91,6 +100,15 @@ class StatePrecision:
         and with an fp32 master write the bf16 weights too (28 for fp32 with bf16 gradients)."""
         weights_out = 0 if self.master_streams else GRAD_SLOT_BYTES
         return grad_bytes + 2 * self.master_bytes + 4 * self.moment_bytes + weights_out
+
+
+def unit_block_starts(unit_numels: list[int] | tuple[int, ...]) -> list[int]:
+    """Index of each unit's first 8-bit block in the flat scale arrays (blocks counted from each unit's start),
+    with the total block count appended: the one rule of where a range's scales are."""
+    starts = [0]
+    for numel in unit_numels:
+        starts.append(starts[-1] + -(-numel // INT8_BLOCK))
+    return starts
 
 
 EXACT = StatePrecision()

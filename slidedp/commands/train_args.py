@@ -192,8 +192,7 @@ def build_train_spec(args: argparse.Namespace, log=print):
                                f"= {policy.sequences_per_rank() * ranks}")
     else:
         policy, source = default_policy(args.batch or ranks, ranks), "default"
-    if args.state not in (None, AUTO):
-        policy = policy.with_(state=args.state)
+    policy = with_state(policy, args.state)
     # The schedule: flags, else (resuming) the checkpoint's, else the defaults; so a resume continues it.
     saved = _checkpoint_schedule(args.resume)
     pick = lambda name, key: getattr(args, name) if getattr(args, name) is not None else \
@@ -218,6 +217,16 @@ def build_train_spec(args: argparse.Namespace, log=print):
                      ranks_per_gpu=args.ranks_per_gpu,
                      eval_every=args.eval_every, log=args.log, keep=args.keep, cache_dir=args.cache_dir,
                      run_config=settings(args), policy_source=source, tuner_step_time_s=tuned)
+
+
+def with_state(policy, state: str | None):
+    """The policy with ``--state`` (or the config's ``state:``) applied; None keeps the policy's own, and ``auto``
+    the one the tuner chose (build_train_spec refuses ``auto`` without ``--policy auto``)."""
+    from slidedp.state_precision import StatePrecision
+
+    if state is None or str(state).strip().lower() == AUTO:
+        return policy
+    return policy.with_(state=StatePrecision.parse(state).name)
 
 
 def tune_policy(args: argparse.Namespace, hw, log=print):

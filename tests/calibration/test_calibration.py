@@ -16,6 +16,7 @@ from slidedp.policy import Policy
 from slidedp.report.rundir import write_run_dir
 from slidedp.run_summary import RunSummary
 from slidedp.sim import simulate
+from slidedp.state_precision import STATE_CHOICES
 from slidedp.workload import StepWorkload
 
 
@@ -101,6 +102,10 @@ def test_quick_microbenchmarks_make_a_valid_profile(tmp_path):
     assert profile.host.mem_bw_gbps >= max(measured.adam_gparams_per_s.values()) * 28 * 0.999
     assert profile.host.mem_bw_gbps >= max(measured.stream_gbps.values())
     assert profile.host.fused_cast == measured.adam_fused_cast
+    modes = {p.name for p in STATE_CHOICES if not p.is_exact}
+    assert set(measured.state_update_gparams_per_s) == modes
+    assert set(profile.host.state_update_gparams_per_s) == modes
+    assert all(min(curve.values()) > 0 for curve in profile.host.state_update_gparams_per_s.values())
     profile.save(tmp_path / "p.yaml")
     assert load_hardware(str(tmp_path / "p.yaml")) == profile
 

@@ -118,3 +118,28 @@ def test_contention_predictions_follow_the_profiles_caps(tmp_path):
     limit = 4.523e9 * 28 / 1.469
     share = 149.6e9 * 1.401 * limit / (1.401 * limit + 55.14e9 + 55.04e9)
     assert p["adam16+h2d+d2h_s"] == pytest.approx(2**24 * 28 / share, rel=1e-3)
+
+
+def test_compact_state_driver_runs_every_part_on_the_cpu(tmp_path, tiny_config):
+    """benchmarks/compact_state.py's CPU path: update rates per mode, a host-only step time, and the fine-tune on
+    real text with its held-out curve and plot (one mode each: every run is a subprocess)."""
+    out = tmp_path / "compact"
+    bench("compact_state", "rates", "--params", "300000", "--threads", "1", "--repeats", "1", "--states", "fp32",
+          "bf16+int8", "--out", out)
+    bench("compact_state", "steps", "--model", tiny_config, "--seq", "16", "--batches", "2", "--steps", "2",
+          "--states", "bf16+int8", "--device", "cpu", "--no-tune", "--out", out)
+    text = tmp_path / "text.txt"
+    text.write_text("Host memory and host DRAM bandwidth are the two walls of host-resident training. " * 200)
+    byte_vocab = tmp_path / "tiny300.json"  # the byte-level tokenizer needs 256 ids
+    byte_vocab.write_text(json.dumps(dict(json.loads(tiny_config.read_text()), vocab_size=300)))
+    bench("compact_state", "finetune", "--model", byte_vocab, "--seq", "32", "--batches", "2", "--steps", "4",
+          "--eval-every", "2", "--states", "fp32+int8", "--device", "cpu", "--text", text, "--out", out)
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    rates = {r["state"]: r for r in rows if r["part"] == "rates"}
+    assert set(rates) == {"fp32", "bf16+int8"} and all(r["gparams_per_s"] > 0 for r in rates.values())
+    steps = {r["state"]: r for r in rows if r["part"] == "steps"}
+    assert set(steps) == {"bf16+int8"} and steps["bf16+int8"]["rc"] == 0 and steps["bf16+int8"]["step_time_s"] > 0
+    assert steps["bf16+int8"]["measured_host_state_bytes_per_param"] == pytest.approx(6.03, abs=0.05)
+    tuned = {r["state"]: r for r in rows if r["part"] == "finetune"}
+    assert set(tuned) == {"fp32+int8"} and tuned["fp32+int8"]["rc"] == 0 and tuned["fp32+int8"]["final_eval_loss"] > 0
+    assert (out / "finetune_losses.png").exists() and "fp32+int8" in (out / "finetune.md").read_text()

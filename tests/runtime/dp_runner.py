@@ -25,17 +25,18 @@ from tests.runtime.helpers import OPTIM, batches
 
 def shared_state(adapter: ModelAdapter, policy: Policy, comm: Comm, directory: Path) -> HostState:
     flags, landing = shared_buffer_sizes(adapter, policy, comm.world)
+    layout = dict(precision=policy.state_precision, unit_numels=[u.numel for u in adapter.units])
     host = None
     if comm.rank == 0:
         shared = SharedDir.create(directory, os.getpid(), directory.parent)
         host = HostState.allocate_shared(shared, adapter.total_params, torch.float32, torch.float32, pin=False,
-                                         create=True, flags=flags, world=comm.world, landing_numel=landing)
+                                         create=True, flags=flags, world=comm.world, landing_numel=landing, **layout)
         host.init_random(adapter, 0)
     comm.barrier()
     if comm.rank != 0:
         host = HostState.allocate_shared(SharedDir.attach(directory), adapter.total_params, torch.float32,
                                          torch.float32, pin=False, create=False, flags=flags, world=comm.world,
-                                         landing_numel=landing)
+                                         landing_numel=landing, **layout)
     return host
 
 

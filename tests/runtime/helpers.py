@@ -33,7 +33,8 @@ def make_engine(config_path: str, policy: Policy, seq: int, optim: OptimConfig =
     """A CPU fp32 streaming engine on an unpinned host state with a seeded init: (engine, adapter, host)."""
     cfg = load_hf_config(config_path)
     adapter = ModelAdapter(cfg)
-    host = HostState.allocate(adapter.total_params, torch.float32, torch.float32, pin=False)
+    host = HostState.allocate(adapter.total_params, torch.float32, torch.float32, pin=False,
+                              precision=policy.state_precision, unit_numels=[u.numel for u in adapter.units])
     host.init_random(adapter, seed)
     spec = ModelSpec.from_hf_config(json.loads(Path(config_path).read_text()), name="tiny")
     device = Device("cpu")

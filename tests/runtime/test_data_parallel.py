@@ -17,7 +17,7 @@ def single_process(config_path: str, world: int, policy: Policy) -> tuple[list[f
     """The same global batch in one process: N x the per-rank accumulation, micro-batches in rank order."""
     single = Policy(micro_batch=policy.micro_batch, accumulation=policy.accumulation * world,
                     chunks_per_layer=policy.chunks_per_layer, activation=policy.activation,
-                    update_schedule=policy.update_schedule)
+                    update_schedule=policy.update_schedule, state=policy.state)
     engine, _, host = make_engine(config_path, single, SEQ)
     data = batches(TINY["qwen3"]["vocab_size"], SEQ, policy.sequences_per_rank() * world, STEPS, seed=1)
     losses = [engine.step(t).loss for t in data]
