@@ -7,14 +7,21 @@ step time is within COMPACT_MARGIN of T. So exact fp32 state is kept unless it d
 is predicted more than 10% faster; and a less precise compact mode is only taken over a more precise one on the
 same terms. The margin is there because compact state trades exactness for speed: a few percent of predicted
 step time (within the simulator's own error, see benchmarks/RESULTS.md) does not pay for that.
+
+A mode whose CPU update rate the hardware profile has not measured (its rate is derived from DRAM bytes) is taken
+for fit only, never for speed: on the 2-core development machine every compact mode's one-pass update ran at
+0.33-0.41x the fp32 pass (arithmetic-bound, benchmarks/RESULTS.md "Compact host state (CPU, 2026-12-04)"), where
+the bytes-derived rate says 1.7-2.8x, so a speed claim needs the host's own measurement (``slidedp calibrate``).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from slidedp.errors import SlideDPError
+from slidedp.hardware import HostSpec
 from slidedp.state_precision import EXACT, STATE_CHOICES, StatePrecision
 
 AUTO = "auto"
@@ -52,21 +59,30 @@ def _preference(name: str) -> int:
     return names.index(name) if name in names else len(names)
 
 
-def choose_state(step_s: dict[str, float | None], margin: float = COMPACT_MARGIN) -> StateChoice:
-    """Apply the module's rule to the predicted step time of each allowed mode (None where it does not fit)."""
+def measured_states(host: HostSpec) -> frozenset[str]:
+    """The modes whose update rate ``host`` has measured: fp32 (``adam_gparams_per_s``) and every calibrated one."""
+    return frozenset({EXACT.name, *host.state_update_gparams_per_s})
+
+
+def choose_state(step_s: dict[str, float | None], measured: Collection[str] | None = None,
+                 margin: float = COMPACT_MARGIN) -> StateChoice:
+    """Apply the module's rule to the predicted step time of each allowed mode (None where it does not fit);
+    ``measured`` names the modes whose rate was measured (None: all), the others being eligible for fit only."""
     order = sorted(step_s, key=_preference)
     fitting = [m for m in order if step_s[m] is not None]
     if not fitting:
         raise SlideDPError(f"no host-state precision fits ({', '.join(order)})")
-    fastest = min(step_s[m] for m in fitting)
-    chosen = next(m for m in fitting if step_s[m] <= fastest * (1 + margin))
+    unmeasured = [m for m in fitting[1:] if measured is not None and m not in measured]
+    eligible = [m for m in fitting if m not in unmeasured]
+    fastest = min(step_s[m] for m in eligible)
+    chosen = next(m for m in eligible if step_s[m] <= fastest * (1 + margin))
     misfits = [m for m in order if step_s[m] is None]
     first = fitting[0]
     pct = f"{margin:.0%}"
     if len(order) == 1:
         reason = "the only mode allowed"
     elif chosen == first:
-        faster = min((m for m in fitting if m != chosen), key=step_s.get, default=None)
+        faster = min((m for m in eligible if m != chosen), key=step_s.get, default=None)
         vs = (f"; fastest other: {faster} {step_s[faster]:.3f} s vs {step_s[chosen]:.3f} s"
               if faster is not None else "")
         head = ("exact fp32 state fits" if chosen == EXACT.name
@@ -79,4 +95,7 @@ def choose_state(step_s: dict[str, float | None], margin: float = COMPACT_MARGIN
                   f"more than the {pct} margin, and the most precise mode within it of the fastest")
         if misfits:
             reason += f"; {', '.join(misfits)} do{'es' if len(misfits) == 1 else ''} not fit"
+    if unmeasured:
+        reason += (f"; {', '.join(unmeasured)} not chosen for speed (update rate derived from DRAM bytes, not "
+                   f"measured on this host)")
     return StateChoice(chosen, reason, dict(step_s))

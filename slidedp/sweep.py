@@ -20,7 +20,7 @@ from slidedp.peers import SLIDEDP, check_system, estimate_peer_memory, peer_step
 from slidedp.policy import Policy
 from slidedp.problem import Budget
 from slidedp.sim import simulate
-from slidedp.state_choice import AUTO, choose_state, state_options
+from slidedp.state_choice import AUTO, choose_state, measured_states, state_options
 from slidedp.state_precision import EXACT
 from slidedp.trace import EXPOSURE_CATEGORIES
 from slidedp.workload import StepWorkload
@@ -103,7 +103,8 @@ def _auto_state_row(model: ModelSpec, machine: HardwareProfile, hw_name: str, se
                                simulate_points) for mode in state_options(AUTO)}
     if not any(r["fits"] for r in rows.values()):
         return {**rows[EXACT.name], "state_reason": "no mode fits"}
-    choice = choose_state({m: (r["step_s"] if r["fits"] else None) for m, r in rows.items()})
+    choice = choose_state({m: (r["step_s"] if r["fits"] else None) for m, r in rows.items()},
+                          measured_states(machine.host))
     return {**rows[choice.state], "state_reason": f"auto: {choice.reason}"}
 
 

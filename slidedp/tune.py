@@ -23,7 +23,7 @@ from slidedp.model_spec import ModelSpec
 from slidedp.policy import ACTIVATION_POLICIES, GRAD_ROUTES, PARAM_ROUTES, UPDATE_SCHEDULES, Policy
 from slidedp.problem import Budget
 from slidedp.sim import SimResult, simulate
-from slidedp.state_choice import StateChoice, choose_state
+from slidedp.state_choice import StateChoice, choose_state, measured_states
 from slidedp.trace import EXPOSURE_CATEGORIES
 from slidedp.units import Unit, build_units
 from slidedp.workload import StepWorkload
@@ -231,7 +231,7 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
     if len(space.states) > 1:
         best_of = {s: min((c.sim.step_time_s for c in to_refine if c.policy.state == s), default=None)
                    for s in space.states}
-        choice = choose_state(best_of)
+        choice = choose_state(best_of, measured_states(hw.host))
     chosen = choice.state if choice else space.states[0]
     # The chosen mode first; among simulated times within 0.1% of each other prefer less GPU memory.
     fastest = min(c.sim.step_time_s for c in to_refine)

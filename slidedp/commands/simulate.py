@@ -28,7 +28,7 @@ from slidedp.problem import Budget, resolve_budget, resolve_hardware, resolve_pr
 from slidedp.report.rundir import write_run_dir
 from slidedp.run_summary import AnalyticalStep, MemorySummary, RunSummary, SimulatedStep
 from slidedp.sim import SimResult, simulate
-from slidedp.state_choice import AUTO, StateChoice, choose_state, state_options
+from slidedp.state_choice import AUTO, StateChoice, choose_state, measured_states, state_options
 from slidedp.trace import EXPOSURE_CATEGORIES, save_trace
 from slidedp.workload import StepWorkload
 
@@ -102,7 +102,8 @@ def _simulate_state(w: StepWorkload, state: str | None, budget: Budget
     if not runs:
         raise SlideDPError("policy does not fit in any host-state precision: "
                            + "; ".join(f"{m}: {', '.join(p)}" for m, p in misfits.items()))
-    choice = choose_state({m: (runs[m][2].step_time_s if m in runs else None) for m in state_options(AUTO)})
+    choice = choose_state({m: (runs[m][2].step_time_s if m in runs else None) for m in state_options(AUTO)},
+                          measured_states(w.hw.host))
     return (*runs[choice.state], choice)
 
 

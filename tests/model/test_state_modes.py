@@ -137,3 +137,15 @@ def test_tuner_with_exact_state_only_names_the_way_out_of_a_host_shortfall():
     result = tune(model, H200, 4096, 1, budget, replace(SMALL_SPACE, states=state_options("auto")), refine_top=1)
     assert result.best.memory.host_total <= 50 * GIB and result.best.policy.state != "fp32"
     assert "fp32" in result.state_choice.reason
+
+
+def test_a_mode_with_an_unmeasured_rate_is_chosen_for_fit_never_for_speed():
+    from slidedp.state_choice import measured_states
+
+    times = {"fp32": 1.0, "fp32+int8": 0.5, "bf16+int8": 0.4}
+    assert choose_state(times, measured={"fp32"}).state == "fp32"
+    assert "not chosen for speed" in choose_state(times, measured={"fp32"}).reason
+    assert choose_state(times, measured={"fp32", "bf16+int8"}).state == "bf16+int8"
+    # For fit it is still taken: exact state does not fit, the most precise fitting mode is chosen.
+    assert choose_state({"fp32": None, "fp32+int8": 0.9, "bf16+int8": 0.5}, measured={"fp32"}).state == "fp32+int8"
+    assert measured_states(load_hardware("h200-x1").host) >= {"fp32"}
