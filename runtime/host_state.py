@@ -5,6 +5,10 @@ bf16) that holds the new weights between the update and the next H2D, and the gr
 D2H and the update. The two uses never overlap (a unit's backward re-fetch precedes its gradient), so
 the state is 14 B/param. Each tensor is one allocation, registered with CUDA as pinned memory where a
 GPU is used, so PyTorch's power-of-two pinned-allocator rounding never applies.
+
+Under the ``sharded`` host layout (several hosts) a host keeps master and moments only of its share of the
+parameters (``share``: flat ranges and where each sits in the packed tensors, from runtime.chunks.ChunkTable)
+and the slot of all of them: then 12/H + 2 B/param.
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ def _shared(shared: SharedDir, name: str, numel: int, dtype: torch.dtype, create
     return t
 
 
+def _share_numel(share: list[tuple[int, int, int]] | None, numel: int) -> int:
+    return numel if share is None else sum(hi - lo for lo, hi, _ in share)
+
+
 def _alloc(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
     t = torch.empty(numel, dtype=dtype)
     t.zero_()  # touch every page now (in parallel), not during the first copy
@@ -81,23 +89,31 @@ class HostState:
     # rank streams a chunk only once every owner has updated it; and each rank's gradient landing buffer.
     flags: torch.Tensor | None = None
     landing: list[torch.Tensor] | None = None
+    # Sharded host layout: (flat lo, flat hi, packed lo) of each part whose master and moments this host keeps;
+    # None: it keeps all of them, at their flat positions.
+    share: list[tuple[int, int, int]] | None = None
 
     @classmethod
-    def allocate(cls, numel: int, slot_dtype: torch.dtype, grad_dtype: torch.dtype, pin: bool) -> HostState:
+    def allocate(cls, numel: int, slot_dtype: torch.dtype, grad_dtype: torch.dtype, pin: bool,
+                 share: list[tuple[int, int, int]] | None = None) -> HostState:
         grads = None if grad_dtype == slot_dtype else _alloc(numel, grad_dtype, pin)
-        return cls(_alloc(numel, torch.float32, pin), _alloc(numel, torch.float32, pin),
-                   _alloc(numel, torch.float32, pin), _alloc(numel, slot_dtype, pin), grads, pin)
+        state_numel = _share_numel(share, numel)
+        return cls(_alloc(state_numel, torch.float32, pin), _alloc(state_numel, torch.float32, pin),
+                   _alloc(state_numel, torch.float32, pin), _alloc(numel, slot_dtype, pin), grads, pin, share=share)
 
     @classmethod
     def allocate_shared(cls, shared: SharedDir, numel: int, slot_dtype: torch.dtype, grad_dtype: torch.dtype,
-                        pin: bool, create: bool, flags: int, world: int, landing_numel: int) -> HostState:
-        """The one state all ranks share, in files of ``shared`` (rank 0 creates them first)."""
+                        pin: bool, create: bool, flags: int, world: int, landing_numel: int,
+                        share: list[tuple[int, int, int]] | None = None) -> HostState:
+        """The one state all ranks of a host share, in files of ``shared`` (local rank 0 creates them first)."""
         def file(name: str, n: int, dtype: torch.dtype, pinned: bool = pin) -> torch.Tensor:
             return _shared(shared, name, n, dtype, create, pinned)
 
         grads = None if grad_dtype == slot_dtype else file("grads.bin", numel, grad_dtype)
-        state = cls(file("master.bin", numel, torch.float32), file("exp_avg.bin", numel, torch.float32),
-                    file("exp_avg_sq.bin", numel, torch.float32), file("slot.bin", numel, slot_dtype), grads, pin)
+        state_numel = _share_numel(share, numel)
+        state = cls(file("master.bin", state_numel, torch.float32), file("exp_avg.bin", state_numel, torch.float32),
+                    file("exp_avg_sq.bin", state_numel, torch.float32), file("slot.bin", numel, slot_dtype), grads,
+                    pin, share=share)
         state.flags = file("flags.bin", flags, torch.int64, False)
         if landing_numel:
             state.landing = [file(f"landing_{r}.bin", landing_numel, grad_dtype) for r in range(world)]
@@ -109,16 +125,38 @@ class HostState:
         return self.slot if self.grads is None else self.grads
 
     def bytes_per_param(self) -> float:
+        """Bytes this host holds per parameter of the model (less than 14 when it keeps only a share)."""
         total = sum(t.numel() * t.element_size() for t in (self.master, self.exp_avg, self.exp_avg_sq, self.slot))
         if self.grads is not None:
             total += self.grads.numel() * self.grads.element_size()
-        return total / self.master.numel()
+        return total / self.slot.numel()
 
     def total_bytes(self) -> int:
-        return int(self.bytes_per_param() * self.master.numel())
+        return int(self.bytes_per_param() * self.slot.numel())
 
     def refresh_slot(self) -> None:
-        self.slot.copy_(self.master)
+        """The slot from the master weights this host keeps (under ``share``, only its parts: the other hosts'
+        parts arrive by the weight all-gather)."""
+        if self.share is None:
+            self.slot.copy_(self.master)
+            return
+        for lo, hi, packed in self.share:
+            self.slot[lo:hi].copy_(self.master[packed:packed + hi - lo])
+
+    def full_weights(self) -> torch.Tensor:
+        """Every parameter's current weights, flat: the master when this host keeps all of it, else the slot
+        (the compute dtype; complete once the weight all-gather ran)."""
+        return self.master if self.share is None else self.slot
+
+    def _put_unit(self, start: int, values: torch.Tensor) -> None:
+        """Initial weights of flat range [start, start + len(values)): into the slot, and into the master
+        where this host keeps it."""
+        end = start + values.numel()
+        self.slot[start:end].copy_(values)
+        for lo, hi, packed in self.share or []:
+            a, b = max(lo, start), min(hi, end)
+            if a < b:
+                self.master[packed + a - lo:packed + b - lo].copy_(values[a - start:b - start])
 
     def close(self) -> None:
         if self.pinned:
@@ -132,6 +170,12 @@ class HostState:
         """Random init, unit by unit; with a CUDA ``device`` the numbers are drawn there (seconds instead of
         minutes for billions of parameters) and copied back."""
         for unit in adapter.units:
+            if self.share is not None:  # the whole unit drawn, then kept where this host keeps it
+                gen = torch.Generator().manual_seed(seed * 100_003 + unit.index)
+                tmp = torch.empty(unit.numel, dtype=torch.float32)
+                adapter.init_unit_(unit, tmp, gen)
+                self._put_unit(unit.offset, tmp)
+                continue
             dest = self.master[unit.offset:unit.offset + unit.numel]
             if device is not None and device.type == "cuda":
                 gen = torch.Generator(device=device).manual_seed(seed * 100_003 + unit.index)
@@ -142,7 +186,8 @@ class HostState:
             else:
                 gen = torch.Generator().manual_seed(seed * 100_003 + unit.index)
                 adapter.init_unit_(unit, dest, gen)
-        self.refresh_slot()
+        if self.share is None:
+            self.refresh_slot()
 
     def load_hf_weights(self, adapter: ModelAdapter, directory: Path) -> None:
         """Fill the master weights from a local HF checkpoint (*.safetensors)."""
@@ -166,8 +211,12 @@ class HostState:
                     raise SlideDPError(f"checkpoint tensor {p.hf_name!r} has shape {tuple(t.shape)}, "
                                        f"the config says {p.shape}")
                 start = unit.offset + p.offset
-                self.master[start:start + p.numel].copy_(t.reshape(-1))
-        self.refresh_slot()
+                if self.share is None:
+                    self.master[start:start + p.numel].copy_(t.reshape(-1))
+                else:
+                    self._put_unit(start, t.reshape(-1).float())
+        if self.share is None:
+            self.refresh_slot()
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
     def save(self, directory: Path, meta: dict) -> None:
@@ -190,7 +239,8 @@ class HostState:
 
     def load(self, directory: Path) -> dict:
         """Fill master, m and v from a checkpoint that :func:`checkpoint_files.verify` accepts; non-finite
-        values are refused (a resumed NaN would skip every later step)."""
+        values are refused (a resumed NaN would skip every later step). Under ``share`` the checkpoint is this
+        host's share and only its parts of the slot are refreshed (the engine all-gathers the rest)."""
         from safetensors import safe_open
 
         directory = Path(directory)
