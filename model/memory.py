@@ -118,7 +118,8 @@ def estimate_memory(w: StepWorkload) -> MemoryEstimate:
     loss = loss_bytes(w)
 
     params = m.total_params
-    state_per_param = 12 + (BF16_BYTES if pol.grad_dtype == "bf16" else BF16_BYTES + 4)
+    # Master and moments of this host's share (all of them unless sharded across hosts), the slot of every one.
+    state_per_param = 12 * w.routes.host_state_fraction + (BF16_BYTES if pol.grad_dtype == "bf16" else BF16_BYTES + 4)
     # The per-rank gradient route lands each rank's copy of one unit's gradient in that rank's own buffer
     # until the owners have summed them (the runtime holds one unit per rank: a barrier per unit in backward).
     buffers = w.ranks * pol.grad_bytes * max(u.params for u in units) if w.routes.cpu_reduces else 0.0

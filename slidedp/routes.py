@@ -167,8 +167,8 @@ class Routes:
 
     @property
     def d2h_grad_factor(self) -> float:
-        g = float(self.grad_bytes)
-        return g / self.ranks if self.grad_route == "reduce_scatter" else g
+        """Gradient bytes per parameter a rank copies to the host: its shard of the GPU reduce-scatter."""
+        return float(self.grad_bytes) / self.gpu_scatter_ranks
 
     @property
     def reduce_scatter_factor(self) -> float:

@@ -27,6 +27,9 @@ POLICY_PRESETS: dict[str, Policy] = {
     "replicated": Policy(param_route="replicated", grad_route="per_rank"),
     "sharded-as-ready": Policy(param_route="sharded", grad_route="reduce_scatter", update_schedule="as_ready"),
     "zero-offload-like": Policy(param_route="replicated", grad_route="per_rank", update_schedule="after_backward"),
+    # Across hosts (--hosts): the sharded routes with each host keeping the whole state, or 1/H of it.
+    "hosts-replicated": Policy(param_route="sharded", grad_route="reduce_scatter", host_layout="replicated"),
+    "hosts-sharded": Policy(param_route="sharded", grad_route="reduce_scatter", host_layout="sharded"),
 }
 
 
@@ -49,7 +52,7 @@ def fit_batch(policy: Policy, per_rank: int) -> Policy:
 def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batches: Sequence[int],
               gpus: Sequence[int], policies: Sequence[tuple[str, Policy]], gpu_budget_gib: float | None = None,
               simulate_points: bool = True, progress: Callable[[int, int], None] | None = None,
-              systems: Sequence[str] = (SLIDEDP,)) -> pd.DataFrame:
+              systems: Sequence[str] = (SLIDEDP,), hosts: int = 1) -> pd.DataFrame:
     """One row per (seq, batch, gpus, system, policy); batches that the GPU count does not divide are skipped.
 
     ``policies`` apply to SlideDP; every other system runs as that peer does. The analytical model covers SlideDP
@@ -63,7 +66,9 @@ def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batche
         raise SlideDPError(f"the analytical model covers slidedp only; simulate {', '.join(peers)} instead")
     entries = ([(SLIDEDP, name, policy) for name, policy in policies] if SLIDEDP in systems else []) \
         + [(s, "", None) for s in peers]
-    grid = [(s, b, g, e) for s, b, g, e in itertools.product(seqs, batches, gpus, entries) if b % g == 0]
+    if hosts > 1 and peers:
+        raise SlideDPError(f"the peers run on one host; sweep {', '.join(peers)} without --hosts")
+    grid = [(s, b, g, e) for s, b, g, e in itertools.product(seqs, batches, gpus, entries) if b % (g * hosts) == 0]
     if not grid:
         raise SlideDPError("no grid point has a batch divisible by its GPU count")
     budget = (gpu_budget_gib if gpu_budget_gib is not None else hw.gpu.memory_gib) * GIB
@@ -71,7 +76,8 @@ def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batche
     for i, (seq, batch, g, (system, name, policy)) in enumerate(grid):
         machine = hw if g == hw.num_gpus else hw.with_gpus(g)
         if system == SLIDEDP:
-            rows.append(_slidedp_row(model, machine, hw.name, seq, batch, g, name, policy, budget, simulate_points))
+            rows.append(_slidedp_row(model, machine, hw.name, seq, batch, g, name, policy, budget, simulate_points,
+                                     hosts))
         else:
             rows.append(_peer_row(model, machine, hw.name, seq, batch, g, system, budget))
         if progress:
@@ -80,11 +86,12 @@ def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batche
 
 
 def _slidedp_row(model: ModelSpec, machine: HardwareProfile, hw_name: str, seq: int, batch: int, g: int, name: str,
-                 policy: Policy, budget: float, simulate_points: bool) -> dict:
-    fitted = fit_batch(policy, batch // g)
-    w = StepWorkload(model, machine, fitted, seq, batch)
+                 policy: Policy, budget: float, simulate_points: bool, hosts: int = 1) -> dict:
+    fitted = fit_batch(policy, batch // (g * hosts))
+    w = StepWorkload(model, machine, fitted, seq, batch, hosts=hosts)
     est = estimate_step(w)
-    row = {"model": model.name, "hardware": hw_name, "gpus": g, "seq": seq, "batch": batch,
+    row = {"model": model.name, "hardware": hw_name, "gpus": g, "hosts": hosts, "host_layout": fitted.host_layout,
+           "seq": seq, "batch": batch,
            "tokens_per_step": w.tokens_per_step, "system": SLIDEDP, "policy": name, "micro_batch": fitted.micro_batch,
            "accumulation": fitted.accumulation, "model_step_s": est.step_time_s,
            "lower_bound_s": est.lower_bound_s, "gpu_peak_gib": est.memory.gpu_peak / GIB,

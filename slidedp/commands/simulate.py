@@ -23,7 +23,8 @@ from slidedp.trace import EXPOSURE_CATEGORIES, save_trace
 def run_simulate(args: argparse.Namespace) -> int:
     if peer_system(getattr(args, "system", SLIDEDP)) is not None:
         return run_peer_simulate(args)
-    spec, hw, policy, w = resolve_problem(args.model, args.hardware, args.gpus, args.seq, args.batch, args.policy)
+    spec, hw, policy, w = resolve_problem(args.model, args.hardware, args.gpus, args.seq, args.batch, args.policy,
+                                          getattr(args, "hosts", 1))
     budget = resolve_budget(hw, args.gpu_budget, args.host_limit)
     est = estimate_step(w)
     problems = memory_shortfalls(est.memory, budget.gpu_bytes, budget.host_bytes)

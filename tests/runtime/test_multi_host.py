@@ -10,11 +10,14 @@ from tests.builders import write_config
 from tests.runtime.dp_runner import run_data_parallel
 from tests.runtime.test_data_parallel import single_process
 
-SEQ, STEPS = 16, 3
+SEQ, STEPS = 16, 3  # as test_data_parallel.single_process, the reference
 
-# (hosts, ranks per host, grad route): one rank per host, and two ranks per host on either gradient route.
+# (layout, hosts, ranks per host, grad route): one rank per host (the gradient crosses hosts from the GPU: an
+# all-reduce, or a reduce-scatter over every rank), and two per host on the per-rank route (the CPU sum crosses
+# hosts: all-reduce or reduce-scatter with the peer). The reduce-scatter over 2 x 2 ranks is the one-rank code
+# path with another shard index, which test_routes_say_which_collectives_cross_hosts checks.
 CASES = [(layout, 2, ranks, grad) for layout in ("replicated", "sharded")
-         for ranks, grad in ((1, "reduce_scatter"), (2, "per_rank"), (2, "reduce_scatter"))]
+         for ranks, grad in ((1, "reduce_scatter"), (2, "per_rank"))] + [("sharded", 2, 2, "reduce_scatter")]
 
 
 @pytest.mark.parametrize("layout, hosts, ranks, grad_route", CASES)
