@@ -103,3 +103,19 @@ def test_contention_predictions_follow_the_profiles_caps(tmp_path):
     limit = 4.523e9 * 28 / 1.469
     share = 149.6e9 * 1.401 * limit / (1.401 * limit + 55.14e9 + 55.04e9)
     assert p["adam16+h2d+d2h_s"] == pytest.approx(2**24 * 28 / share, rel=1e-3)
+
+
+def test_multihost_scaling_writes_a_row_per_point_and_says_why(tmp_path):
+    """The #20 scaling study, analytical and small: one host and two, both layouts, strong and weak, one NIC."""
+    import pandas as pd
+
+    proc = bench("multihost_scaling", "--analytical", "--models", "llama-3-70b", "--hosts", "1", "2", "--nics", "1",
+                 "--out", tmp_path)
+    table = pd.read_csv(tmp_path / "scaling.csv")
+    assert len(table) == 8 and set(table.layout) == {"replicated", "sharded"}
+    assert set(table.scaling) == {"strong", "weak"} and table.why.notna().all()
+    one = table[table.hosts == 1]
+    assert (one.efficiency == 1.0).all()
+    two = table[(table.hosts == 2) & (table.scaling == "weak")].set_index("layout")
+    assert two.host_gib_per_host["sharded"] < two.host_gib_per_host["replicated"]
+    assert "| llama-3-70b | weak | 1 | 2 | sharded |" in proc.stdout
