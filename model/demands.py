@@ -88,12 +88,17 @@ def op_totals(w: StepWorkload) -> dict[str, dict[str, float]]:
         totals["allreduce"] = row(ar, ar * k_host)
     if w.policy.gpu_state_units:
         totals["gpu_adam"] = row(0.0, 0.0)
+    if w.nic_grad_op and s.host_units:  # one host's NIC traffic (the simulator runs one host)
+        nb = routes.nic_grad_factor * s.total_params
+        totals[w.nic_grad_op] = row(nb, nb if w.nic_grad_from_host else 0.0)
+    if routes.nic_weight_factor and s.host_units:
+        totals["weight_allgather"] = row(routes.nic_weight_factor * s.total_params)
     return totals
 
 
 def resource_demands(w: StepWorkload) -> dict[str, float]:
     """Seconds of full-capacity work per resource and per serial stream (rank 0 stands for every rank)."""
-    caps = resource_capacities(w.hw)
+    caps = resource_capacities(w.hw, w.hosts)
     n, c = w.ranks, w.chunks
     s = _sums(w)
     lat = w.pcie_latency
@@ -124,6 +129,12 @@ def resource_demands(w: StepWorkload) -> dict[str, float]:
     }
     if link_bytes:
         demands["link[0]"] = link_bytes * coll_floor + link_ops * w.link_latency
+    nic_grad = routes.nic_grad_factor * s.total_params
+    nic_weight = routes.nic_weight_factor * s.total_params
+    if nic_grad + nic_weight:  # one host's NICs, and host DRAM for what is sent from host memory
+        nic_ops = s.host_units * c * ((1 if nic_grad else 0) + (1 if nic_weight else 0))
+        demands["nic"] = (nic_grad + nic_weight) / caps["nic"] + nic_ops * w.nic_latency
+        cpu_host_bytes += nic_weight + (nic_grad if w.nic_grad_from_host else 0.0)
     pcie = (h2d_bytes + d2h_bytes + link_bytes * coll_use.get("pcie[0]", 0.0)) / caps["pcie[0]"]
     demands["pcie[0]"] = pcie
     host = n * (h2d_bytes + d2h_bytes + link_bytes * coll_use.get("hostmem", 0.0)) + cpu_host_bytes

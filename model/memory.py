@@ -127,7 +127,9 @@ def estimate_memory(w: StepWorkload) -> MemoryEstimate:
     loss = loss_bytes(w)
 
     params = m.total_params
-    state_per_param = w.state.host_bytes_per_param(pol.grad_bytes)
+    # Master and moments of this host's share (all of them unless sharded across hosts), the slot of every one.
+    state_per_param = (w.state.optimizer_bytes_per_param * w.routes.host_state_fraction
+                       + w.state.slot_bytes_per_param(pol.grad_bytes))
     # The per-rank gradient route lands each rank's copy of one unit's gradient in that rank's own buffer
     # until the owners have summed them (the runtime holds one unit per rank: a barrier per unit in backward).
     buffers = w.ranks * pol.grad_bytes * max(u.params for u in units) if w.routes.cpu_reduces else 0.0

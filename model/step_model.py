@@ -73,7 +73,7 @@ class _Recurrence:
 
     def __init__(self, w: StepWorkload, demands: dict[str, float] | None = None):
         self.w = w
-        caps = resource_capacities(w.hw)
+        caps = resource_capacities(w.hw, w.hosts)
         self.c = w.chunks
         lat, n = w.pcie_latency, w.ranks
         h2d_bw, d2h_bw = caps["h2d[0]"], caps["d2h[0]"]
@@ -108,6 +108,13 @@ class _Recurrence:
         self.ag = [c * lat_link + k_ag * p / coll_bw if k_ag and p else 0.0 for p in params]
         self.rs = [c * lat_link + k_rs * p / coll_bw if k_rs and p else 0.0 for p in params]
         self.d2h = [c * lat + k_d2h * p / d2h_bw if p else 0.0 for p in params]
+        # Across hosts: the reduced gradient over the host's NICs (GPU path, between reduce-scatter and D2H),
+        # or the CPU sums and the sharded layout's new weights over them from host memory (in the update).
+        nic_cap = w.nic_cap()
+        gpu_nic = bool(w.nic_grad_op) and not w.nic_grad_from_host
+        self.xh = [c * w.nic_latency + routes.nic_grad_factor * p / nic_cap if gpu_nic and p else 0.0
+                   for p in params]
+        cpu_nic = routes.nic_weight_factor + (routes.nic_grad_factor if w.nic_grad_from_host else 0.0)
         allreduce_bytes = [w.allreduce_bytes(u) for u in range(len(units))]  # GPU-state units with several ranks
         self.allreduce = [lat_link + b / coll_bw if b else 0.0 for b in allreduce_bytes]
         self.gpu_adam = [w.gpu_adam_s(u) for u in range(len(units))]
@@ -124,13 +131,14 @@ class _Recurrence:
         self.lanes = 1 if routes.shards_updates or c % n == 0 else n
         self.lane_work: list[list[tuple[int, float]]] = []
         for u, p in enumerate(params):
+            nic = cpu_nic * p / nic_cap if cpu_nic and p else 0.0  # the host's NICs, shared by its workers
             if self.lanes == 1:
-                self.lane_work.append([(0, sec_per_param * p / n)])
+                self.lane_work.append([(0, sec_per_param * p / n + nic)])
             else:
                 counts = routes.owner_chunk_counts(u)
-                self.lane_work.append([(k, sec_per_param * p * m / c) for k, m in enumerate(counts) if m])
+                self.lane_work.append([(k, (sec_per_param * p + nic) * m / c) for k, m in enumerate(counts) if m])
         self.upd = [max(t for _, t in lw) for lw in self.lane_work]
-        self.host_upd = [host_b * p for p in params]
+        self.host_upd = [(host_b + cpu_nic) * p for p in params]
         coll = collective_usage(w.hw, 0)
         k_host, k_pcie = coll.get("hostmem", 0.0), coll.get("pcie[0]", 0.0)
         self.host_h2d = [n * k_h2d * p for p in params]
@@ -156,7 +164,7 @@ class _Recurrence:
     def run(self) -> dict:
         nu = len(self.w.units)
         # Stream clocks (rank 0 stands for every rank) and per-unit milestones.
-        self.gpu = self.h2d_t = self.d2h_t = self.ag_t = self.rs_t = 0.0
+        self.gpu = self.h2d_t = self.d2h_t = self.ag_t = self.rs_t = self.xh_t = 0.0
         self.lane_t = [0.0] * self.lanes
         self.upd_start, self.upd_end = [0.0] * nu, [0.0] * nu
         self.fwd_end, self.bwd_end = [0.0] * nu, [0.0] * nu
@@ -175,7 +183,7 @@ class _Recurrence:
         if schedule == "after_backward":
             self._updates_in_order(max(self.d2h_t, self.gpu))
         cpu = max(self.lane_t)
-        end = max(self.gpu, self.h2d_t, self.d2h_t, self.ag_t, self.rs_t, cpu)
+        end = max(self.gpu, self.h2d_t, self.d2h_t, self.ag_t, self.rs_t, self.xh_t, cpu)
         tail_why = "cpu" if cpu >= max(self.d2h_t, self.rs_t) else ("d2h" if self.d2h_t >= self.rs_t else "collective")
         self.exposure[tail_why] += end - gpu_done
         return {"fwd": fwd_done, "bwd": end - fwd_done, "exposure": self.exposure}
@@ -260,8 +268,11 @@ class _Recurrence:
         if self.rs[u]:
             rs_start = max(self.rs_t, self.gpu)
             self.rs_t = rs_start + self.rs[u]
-        ds, self.grad_end[u] = self._pipelined(self.d2h_t, rs_start, self.rs[u],
-                                               self.rs_t if self.rs[u] else self.gpu, self.d2h[u])
+        feed_start, feed_dur, feed_end = rs_start, self.rs[u], self.rs_t if self.rs[u] else self.gpu
+        if self.xh[u]:  # cross-host collective of the reduced shards, chunk-pipelined behind the reduce-scatter
+            feed_start, self.xh_t = self._pipelined(self.xh_t, feed_start, feed_dur, feed_end, self.xh[u])
+            feed_dur, feed_end = self.xh[u], self.xh_t
+        ds, self.grad_end[u] = self._pipelined(self.d2h_t, feed_start, feed_dur, feed_end, self.d2h[u])
         self.d2h_t = self.grad_end[u]
         if self.w.policy.update_schedule == "as_ready":
             self._update(u, ds, self.d2h[u], self.grad_end[u])
@@ -310,7 +321,7 @@ def estimate_step(w: StepWorkload, with_memory: bool = True) -> StepEstimate:
         step_time_s=step,
         lower_bound_s=bound,
         tokens_per_s=w.tokens_per_step / step,
-        model_tflops=w.model_flops_per_step() / step / w.ranks / 1e12,
+        model_tflops=w.model_flops_per_step() / step / (w.ranks * w.hosts) / 1e12,
         compute_s=compute,
         demands=demands,
         exposure=exposure,

@@ -8,6 +8,10 @@ optimizer step, the model spec, policy, world size, seq, batch, and a BLAKE2b di
 into place, fsyncs the parent and deletes the old one; :func:`recover` finishes or undoes whatever a killed
 save left. :func:`verify` checks a checkpoint without loading it into memory: meta.json readable, the digest,
 the safetensors header naming the three tensors at the model's size.
+
+A run over several hosts writes one checkpoint per host share, ``<checkpoint>/host<h>-of-<H>/`` (each the
+layout above, written by that host; under the ``sharded`` host layout its tensors hold that host's share
+only), and resumes with the same number of hosts (:func:`share_dir` refuses another in one line).
 """
 
 from __future__ import annotations
@@ -100,6 +104,38 @@ def write(directory: Path, tensors: dict, meta: dict, before_meta=None) -> None:
     fsync_path(directory.parent)
     if old.exists():
         shutil.rmtree(old)
+
+
+def share_dir(directory: Path, host: int, hosts: int) -> Path:
+    """The checkpoint directory of host ``host``'s share (the directory itself on one host)."""
+    directory = Path(directory)
+    return directory if hosts == 1 else directory / f"host{host}-of-{hosts}"
+
+
+def written_by_hosts(directory: Path) -> int | None:
+    """How many hosts wrote the checkpoint in ``directory`` (1: a one-host checkpoint), or None when it is
+    neither kind."""
+    directory = Path(directory)
+    if (directory / META_FILE).is_file():
+        return 1
+    counts = {p.name.rsplit("-of-", 1)[-1] for p in directory.glob("host*-of-*") if p.is_dir()}
+    counts = {int(c) for c in counts if c.isdigit()}
+    return counts.pop() if len(counts) == 1 else None
+
+
+def check_hosts(directory: Path, hosts: int) -> None:
+    """Refuse, in one line, to resume a checkpoint written by another number of hosts."""
+    found = written_by_hosts(directory)
+    if found is not None and found != hosts:
+        raise SlideDPError(f"checkpoint {str(directory)!r} was written by {found} host(s), this run has {hosts}: "
+                           f"resume with --nnodes {found} (resharding to another host count is not supported)")
+
+
+def any_meta(directory: Path) -> Path:
+    """meta.json of a checkpoint: its own, or (several hosts) the first share's."""
+    directory = Path(directory)
+    shares = sorted(directory.glob(f"host*-of-*/{META_FILE}"))
+    return shares[0] if not (directory / META_FILE).is_file() and shares else directory / META_FILE
 
 
 def verify(directory: Path, numel: int, precision: StatePrecision = EXACT) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -168,7 +169,7 @@ def _write_cache(path: Path, data: LoadedData) -> None:
     if data.eval is not None:
         tensors.update(data.eval.tensors("eval."))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")  # two hosts' launchers may write one shared cache at once
     save_file(tensors, str(tmp), metadata={"format": data.format, "notes": json.dumps(data.notes)})
     tmp.replace(path)
 

@@ -41,7 +41,7 @@ from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.routes import Routes
 from slidedp.runtime.chunks import ChunkTable, shared_buffer_sizes
-from slidedp.runtime.comm import Comm
+from slidedp.runtime.comm import Comm, HostGroups
 from slidedp.runtime.device import Device
 from slidedp.runtime.gpu_state import GpuHeldUnits
 from slidedp.runtime.grad_routes import GradientRoutes
@@ -131,16 +131,23 @@ class StreamingEngine:
     (fault injection), ``nonfinite_chunks`` (as_ready skips), ``routes``, ``units``."""
 
     def __init__(self, config: EngineConfig, adapter: ModelAdapter, spec: ModelSpec, host: HostState, device: Device,
-                 recorder: TraceRecorder, comm: Comm | None = None):
+                 recorder: TraceRecorder, comm: Comm | None = None, groups: HostGroups | None = None):
+        """``comm``: this host's ranks (one host); ``groups``: the process groups of a run over several hosts
+        (then ``comm`` is its ``local``)."""
         pol, cdt = config.policy, config.compute_dtype
         self.config, self.policy, self.optim, self.seq, self.cdt = config, pol, config.optim, config.seq, cdt
         self.adapter, self.host, self.device, self.recorder = adapter, host, device, recorder
-        self.comm = comm or Comm()
+        self.groups = groups or HostGroups.single(comm or Comm())
+        self.comm = self.groups.local
         if pol.state_precision != host.precision:
             raise SlideDPError(f"policy state {pol.state} but the host state is {host.precision.name}")
-        self.routes = Routes.of(pol, self.comm.world, weight_bytes=cdt.itemsize, grad_bytes=host.grad_buffer.itemsize)
+        self.routes = Routes.of(pol, self.comm.world, weight_bytes=cdt.itemsize, grad_bytes=host.grad_buffer.itemsize,
+                                hosts=self.groups.hosts)
         if self.comm.active and (host.flags is None or (self.routes.cpu_reduces and host.landing is None)):
             raise SlideDPError("data parallel needs a shared host state (HostState.allocate_shared)")
+        if self.routes.shards_hosts and pol.gpu_state_units:
+            raise SlideDPError("host_layout sharded keeps each host's share of the master weights only: it cannot "
+                               "yet hold units on the GPU (gpu_state_units must be 0)")
         resident = config.resident_weights
         if resident and self.comm.active:
             raise SlideDPError("resident_weights is a one-rank reference: it never moves a gradient between ranks")
@@ -157,17 +164,22 @@ class StreamingEngine:
         self._refetched = (False,) * len(self.units) if resident else \
             refetched_in_backward(self._work, pol.prefetch_depth, pol.gpu_state_units)
         held = 0 if resident else pol.gpu_state_units  # resident weights need no GPU optimizer state
-        self.gpu_held = GpuHeldUnits(self.units, held, device, cdt, recorder, self.comm)
-        self.table = ChunkTable(self.units, self.routes, self.comm.rank, host_units_from=held, flags=host.flags)
+        self.gpu_held = GpuHeldUnits(self.units, held, device, cdt, recorder, self.groups.world)
+        self.table = ChunkTable(self.units, self.routes, self.comm.rank, host_units_from=held, flags=host.flags,
+                                host=self.groups.host)
+        if (host.share is not None) != self.routes.shards_hosts or \
+                (host.share is not None and host.master.numel() != self.table.share_numel):
+            raise SlideDPError("the host state does not hold this host's share of the parameters "
+                               "(HostState.allocate(..., share=ChunkTable.share_pieces()))")
         as_ready = pol.update_schedule == "as_ready"
         self.updates = HostUpdater(self.table, host, config.optim, recorder, as_ready, threaded=device.is_cuda,
                                    threads=config.adam_threads, fused_adam=config.fused_adam,
-                                   seed=config.rounding_seed)
+                                   seed=config.rounding_seed, weight_peers=self.groups.weight_peers)
         self.params = ParamStreamer(self.table, self.routes, host, device, recorder, self.comm, cdt,
                                     before_chunk=self.updates.wait_chunk, keep_all=resident)
         self.offload = ActivationOffload(device, recorder)
         self.grads = GradientRoutes(self.table, self.routes, host, device, recorder, self.comm,
-                                    on_landed=self.updates.submit_landed if as_ready else None)
+                                    on_landed=self.updates.submit_landed if as_ready else None, groups=self.groups)
         self.head = LossHead(adapter.skeleton.model.norm, pol.loss_chunk_tokens)
         self.poison_next_gradient = False  # fault injection: make the next unit's gradient NaN
 
@@ -177,6 +189,12 @@ class StreamingEngine:
         return self.updates.nonfinite_chunks
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
+    def publish_share(self) -> None:
+        """After a resume under the ``sharded`` host layout: every host's share into every host's slot (each
+        host loaded only its own). Every rank of every host calls it."""
+        self.updates.publish_all()
+        self.comm.barrier()
+
     def flush(self) -> None:
         """Apply deferred updates now and write GPU-held state back (before a checkpoint, an export, or the
         end of training): afterwards the host state is complete."""
@@ -288,7 +306,7 @@ class StreamingEngine:
                 self.params.release(embed)
         self.recorder.end_step()
         count = sum(int((lab != -100).sum()) for lab in labels)
-        out = self.comm.all_reduce_(torch.tensor([float(total), float(count)], dtype=torch.float64))
+        out = self.groups.world.all_reduce_(torch.tensor([float(total), float(count)], dtype=torch.float64))
         return float(out[0]), int(out[1])
 
     # ---- forward ----------------------------------------------------------------------------------------------
@@ -412,7 +430,7 @@ class StreamingEngine:
         pol, host, comm = self.policy, self.host, self.comm
         norm_sq = self.grads.global_norm_sq(st.norm_sq)
         norm = math.sqrt(float(norm_sq.item()) + self.gpu_held.norm_sq())
-        loss = float(comm.all_reduce_(st.loss_total.to(torch.float64).cpu()).item())
+        loss = float(self.groups.world.all_reduce_(st.loss_total.to(torch.float64).cpu()).item())
         if not math.isfinite(norm):
             self.gpu_held.drop_grads()
             if not self.config.resident_weights:  # the slots hold this step's gradients: restore the weights

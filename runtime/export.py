@@ -47,7 +47,8 @@ def export_hf(host: HostState, adapter: ModelAdapter, directory: Path, tokenizer
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     weight_map, total = {}, 0
     for name, shard in zip(names, shards, strict=True):
-        tensors = {hf: host.master[start:start + n].view(shape).to(dtype).clone() for hf, shape, start, n in shard}
+        weights = host.full_weights()
+        tensors = {hf: weights[start:start + n].view(shape).to(dtype).clone() for hf, shape, start, n in shard}
         tmp = directory / (name + ".tmp")
         save_file(tensors, str(tmp), metadata={"format": "pt"})
         tmp.replace(directory / name)

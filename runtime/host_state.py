@@ -10,6 +10,10 @@ Compact state (slidedp.state_precision, Policy.state): the moments may be bf16, 
 codes with one fp32 absmax scale per block of INT8_BLOCK elements counted from each unit's start; a bf16
 master is itself the slot the GPU streams (``slot is master``), and the gradient then lands in a buffer of
 its own. runtime/compact_adam.py says how these are updated and rounded.
+
+Under the ``sharded`` host layout (several hosts) a host keeps master and moments only of its share of the
+parameters (``share``: flat ranges and where each sits in the packed tensors, from runtime.chunks.ChunkTable)
+and the slot of all of them: then 12/H + 2 B/param (exact fp32 state only).
 """
 
 from __future__ import annotations
@@ -61,6 +65,10 @@ def _shared(shared: SharedDir, name: str, numel: int, dtype: torch.dtype, create
     return t
 
 
+def _share_numel(share: list[tuple[int, int, int]] | None, numel: int) -> int:
+    return numel if share is None else sum(hi - lo for lo, hi, _ in share)
+
+
 def _alloc(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
     t = torch.empty(numel, dtype=dtype)
     t.zero_()  # touch every page now (in parallel), not during the first copy
@@ -95,6 +103,9 @@ class HostState:
     exp_avg_sq_scale: torch.Tensor | None = None
     unit_offsets: list[int] = field(default_factory=lambda: [0])  # flat offset of each unit (the 8-bit blocks)
     block_starts: list[int] = field(default_factory=lambda: [0])  # unit_block_starts of the units
+    # Sharded host layout: (flat lo, flat hi, packed lo) of each part whose master and moments this host keeps;
+    # None: it keeps all of them, at their flat positions. Exact fp32 state only (see _check).
+    share: list[tuple[int, int, int]] | None = None
 
     @staticmethod
     def _dtypes(precision: StatePrecision) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
@@ -106,16 +117,27 @@ class HostState:
         return master, moments, moments
 
     @staticmethod
-    def _check(precision: StatePrecision, slot_dtype: torch.dtype) -> None:
+    def _check(precision: StatePrecision, slot_dtype: torch.dtype, share) -> None:
+        if share is not None and not precision.is_exact:
+            raise SlideDPError(f"state {precision.name} with host_layout sharded across hosts is not supported: "
+                               f"use --state fp32 or host_layout replicated")
         if precision.master_streams and slot_dtype != torch.bfloat16:
             raise SlideDPError(f"state {precision.name}: a bf16 master is the weight the device reads, so the "
                                f"compute dtype must be bf16 (use --dtype bf16 or auto)")
 
     @classmethod
     def allocate(cls, numel: int, slot_dtype: torch.dtype, grad_dtype: torch.dtype, pin: bool,
-                 precision: StatePrecision = EXACT, unit_numels: list[int] | None = None) -> HostState:
-        """The state of ``numel`` parameters; ``unit_numels`` (summing to numel) place the 8-bit blocks."""
-        cls._check(precision, slot_dtype)
+                 precision: StatePrecision = EXACT, unit_numels: list[int] | None = None,
+                 share: list[tuple[int, int, int]] | None = None) -> HostState:
+        """The state of ``numel`` parameters; ``unit_numels`` (summing to numel) place the 8-bit blocks;
+        ``share``: the parts whose master and moments this host keeps (sharded host layout)."""
+        cls._check(precision, slot_dtype, share)
+        if share is not None:
+            grads = None if grad_dtype == slot_dtype else _alloc(numel, grad_dtype, pin)
+            state_numel = _share_numel(share, numel)
+            return cls(_alloc(state_numel, torch.float32, pin), _alloc(state_numel, torch.float32, pin),
+                       _alloc(state_numel, torch.float32, pin), _alloc(numel, slot_dtype, pin), grads, pin,
+                       share=share)
         unit_numels = list(unit_numels) if unit_numels is not None else [numel]
         md, qm, qv = cls._dtypes(precision)
         master = _alloc(numel, md, pin)
@@ -132,12 +154,24 @@ class HostState:
     @classmethod
     def allocate_shared(cls, shared: SharedDir, numel: int, slot_dtype: torch.dtype, grad_dtype: torch.dtype,
                         pin: bool, create: bool, flags: int, world: int, landing_numel: int,
-                        precision: StatePrecision = EXACT, unit_numels: list[int] | None = None) -> HostState:
-        """The one state all ranks share, in files of ``shared`` (rank 0 creates them first)."""
+                        precision: StatePrecision = EXACT, unit_numels: list[int] | None = None,
+                        share: list[tuple[int, int, int]] | None = None) -> HostState:
+        """The one state all ranks of a host share, in files of ``shared`` (local rank 0 creates them first)."""
         def file(name: str, n: int, dtype: torch.dtype, pinned: bool = pin) -> torch.Tensor:
             return _shared(shared, name, n, dtype, create, pinned)
 
-        cls._check(precision, slot_dtype)
+        cls._check(precision, slot_dtype, share)
+        if share is not None:
+            grads = None if grad_dtype == slot_dtype else file("grads.bin", numel, grad_dtype)
+            state_numel = _share_numel(share, numel)
+            state = cls(file("master.bin", state_numel, torch.float32),
+                        file("exp_avg.bin", state_numel, torch.float32),
+                        file("exp_avg_sq.bin", state_numel, torch.float32), file("slot.bin", numel, slot_dtype),
+                        grads, pin, share=share)
+            state.flags = file("flags.bin", flags, torch.int64, False)
+            if landing_numel:
+                state.landing = [file(f"landing_{r}.bin", landing_numel, grad_dtype) for r in range(world)]
+            return state
         unit_numels = list(unit_numels) if unit_numels is not None else [numel]
         md, qm, qv = cls._dtypes(precision)
         master = file("master.bin", numel, md)
@@ -179,19 +213,41 @@ class HostState:
         return found
 
     def bytes_per_param(self) -> float:
-        return sum(t.numel() * t.element_size() for t in self._tensors()) / self.master.numel()
+        """Bytes this host holds per parameter of the model (less than 14 when it keeps only a share)."""
+        return sum(t.numel() * t.element_size() for t in self._tensors()) / self.slot.numel()
 
     def total_bytes(self) -> int:
-        return int(self.bytes_per_param() * self.master.numel())
+        return int(self.bytes_per_param() * self.slot.numel())
 
     def refresh_slot(self) -> None:
-        if self.slot is not self.master:
-            self.slot.copy_(self.master)
+        """The slot from the master weights this host keeps (under ``share``, only its parts: the other hosts'
+        parts arrive by the weight all-gather; a bf16 master is the slot itself)."""
+        if self.share is None:
+            if self.slot is not self.master:
+                self.slot.copy_(self.master)
+            return
+        for lo, hi, packed in self.share:
+            self.slot[lo:hi].copy_(self.master[packed:packed + hi - lo])
 
     def restore_weights(self, lo: int, hi: int) -> None:
         """Put the unchanged weights of [lo, hi) back in the slot (it held a gradient that is not applied)."""
         if self.slot is not self.master:
             self.slot[lo:hi].copy_(self.master[lo:hi])
+
+    def full_weights(self) -> torch.Tensor:
+        """Every parameter's current weights, flat: the master when this host keeps all of it, else the slot
+        (the compute dtype; complete once the weight all-gather ran)."""
+        return self.master if self.share is None else self.slot
+
+    def _put_unit(self, start: int, values: torch.Tensor) -> None:
+        """Initial weights of flat range [start, start + len(values)): into the slot, and into the master
+        where this host keeps it."""
+        end = start + values.numel()
+        self.slot[start:end].copy_(values)
+        for lo, hi, packed in self.share or []:
+            a, b = max(lo, start), min(hi, end)
+            if a < b:
+                self.master[packed + a - lo:packed + b - lo].copy_(values[a - start:b - start])
 
     def close(self) -> None:
         if self.pinned:
@@ -240,6 +296,12 @@ class HostState:
         """Random init, unit by unit; with a CUDA ``device`` the numbers are drawn there (seconds instead of
         minutes for billions of parameters) and copied back."""
         for unit in adapter.units:
+            if self.share is not None:  # the whole unit drawn, then kept where this host keeps it
+                gen = torch.Generator().manual_seed(seed * 100_003 + unit.index)
+                tmp = torch.empty(unit.numel, dtype=torch.float32)
+                adapter.init_unit_(unit, tmp, gen)
+                self._put_unit(unit.offset, tmp)
+                continue
             dest = self.master[unit.offset:unit.offset + unit.numel]
             if device is not None and device.type == "cuda":
                 gen = torch.Generator(device=device).manual_seed(seed * 100_003 + unit.index)
@@ -255,7 +317,8 @@ class HostState:
             else:
                 gen = torch.Generator().manual_seed(seed * 100_003 + unit.index)
                 adapter.init_unit_(unit, dest, gen)
-        self.refresh_slot()
+        if self.share is None:
+            self.refresh_slot()
 
     def load_hf_weights(self, adapter: ModelAdapter, directory: Path) -> None:
         """Fill the master weights from a local HF checkpoint (*.safetensors)."""
@@ -279,8 +342,12 @@ class HostState:
                     raise SlideDPError(f"checkpoint tensor {p.hf_name!r} has shape {tuple(t.shape)}, "
                                        f"the config says {p.shape}")
                 start = unit.offset + p.offset
-                self.master[start:start + p.numel].copy_(t.reshape(-1))
-        self.refresh_slot()
+                if self.share is None:
+                    self.master[start:start + p.numel].copy_(t.reshape(-1))
+                else:
+                    self._put_unit(start, t.reshape(-1).float())
+        if self.share is None:
+            self.refresh_slot()
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
     def save(self, directory: Path, meta: dict) -> None:
@@ -306,7 +373,8 @@ class HostState:
 
     def load(self, directory: Path) -> dict:
         """Fill master, m and v from a checkpoint that :func:`checkpoint_files.verify` accepts; non-finite
-        values are refused (a resumed NaN would skip every later step)."""
+        values are refused (a resumed NaN would skip every later step). Under ``share`` the checkpoint is this
+        host's share and only its parts of the slot are refreshed (the engine all-gathers the rest)."""
         from safetensors import safe_open
 
         directory = Path(directory)

@@ -24,9 +24,11 @@ class RunLock:
     """An exclusive lock on a run directory, held until :meth:`release` or the process ends (the kernel
     drops it with the process, so a killed run never leaves the directory locked)."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, node: int | None = None):
+        """``node``: over several hosts, each node locks the run directory for itself (hosts that share a
+        filesystem write their own checkpoint shares into one run directory)."""
         out.mkdir(parents=True, exist_ok=True)
-        path = out / LOCK_FILE
+        path = out / (LOCK_FILE if node is None else f"{LOCK_FILE}-node{node}")
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

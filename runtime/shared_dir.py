@@ -24,6 +24,7 @@ from slidedp.errors import SlideDPError
 SHM_ROOT = Path("/dev/shm")
 RUN_ID_ENV = "SLIDEDP_RUN_ID"  # the launcher's random run id, inherited by every rank
 LAUNCHER_PID_ENV = "SLIDEDP_LAUNCHER_PID"
+NODE_RANK_ENV = "SLIDEDP_NODE_RANK"  # the launcher's --node-rank (several hosts), inherited by its ranks
 OWNER_FILE = "owner.json"
 PREFIX = "slidedp-"
 
@@ -32,9 +33,10 @@ def new_run_id() -> str:
     return secrets.token_hex(8)
 
 
-def state_dir(run_id: str, root: Path = SHM_ROOT) -> Path:
-    """Where a run's shared state lives: per user (uid) and per run (the random id)."""
-    return root / f"{PREFIX}{os.getuid()}-{run_id}"
+def state_dir(run_id: str, root: Path = SHM_ROOT, node: int | None = None) -> Path:
+    """Where a run's shared state lives: per user (uid), per run (the random id) and, over several hosts, per
+    node (so emulated hosts on one machine, or hosts that share a /dev/shm namespace, never collide)."""
+    return root / f"{PREFIX}{os.getuid()}-{run_id}{'' if node is None else f'-node{node}'}"
 
 
 def _check_private(path: Path, kind: str, mode: int) -> os.stat_result:

@@ -6,6 +6,7 @@ invocation never leaves a half-made run directory.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -24,9 +25,11 @@ from slidedp.model import estimate_memory, memory_shortfalls
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.report.rundir import write_run_dir
+from slidedp.routes import Routes
 from slidedp.run_summary import RunSummary
 from slidedp.runtime import checkpoint_files
-from slidedp.runtime.comm import Comm
+from slidedp.runtime.chunks import ChunkTable
+from slidedp.runtime.comm import Comm, HostGroups
 from slidedp.runtime.data import DataSpec, LoadedData, Rows, load_data
 from slidedp.runtime.device import Device
 from slidedp.runtime.engine import EngineConfig, StepStats, StreamingEngine, shared_buffer_sizes
@@ -34,7 +37,14 @@ from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.run_logs import RunLog, check_logger, perplexity
-from slidedp.runtime.shared_dir import LAUNCHER_PID_ENV, RUN_ID_ENV, SharedDir, new_run_id, state_dir
+from slidedp.runtime.shared_dir import (
+    LAUNCHER_PID_ENV,
+    NODE_RANK_ENV,
+    RUN_ID_ENV,
+    SharedDir,
+    new_run_id,
+    state_dir,
+)
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.sim import simulate
 from slidedp.trace import EXPOSURE_CATEGORIES, busiest_resource
@@ -71,7 +81,8 @@ class TrainSpec:
     gpu_budget_gib: float | None = None
     host_limit_gib: float | None = None
     final_checkpoint: bool = True
-    world: int = 1  # data-parallel ranks (one process each, launched by torchrun)
+    world: int = 1  # data-parallel ranks of every host (one process each, launched by torchrun)
+    hosts: int = 1  # hosts of the run (torchrun --nnodes); each keeps one host state for its world / hosts ranks
     ranks_per_gpu: int = 1  # ranks sharing one GPU: rank r computes on GPU r // ranks_per_gpu
     on_nonfinite: str = "skip"  # skip the step, or stop the run, when the gradient norm is NaN/inf
     eval_every: int = 0  # evaluate every N steps (and at the end) when there is eval data; 0: at the end only
@@ -120,6 +131,13 @@ class Trainer:
             raise SlideDPError("--steps must be at least 1")
         if s.keep < 1:
             raise SlideDPError("--keep must be at least 1")
+        if s.hosts > 1 and s.keep > 1:
+            raise SlideDPError("--keep above 1 is not supported with --nnodes above 1 yet (one checkpoint per host "
+                               "share is kept)")
+        if s.hosts > 1 and s.world % s.hosts:
+            raise SlideDPError(f"{s.world} ranks cannot be split evenly over {s.hosts} hosts")
+        if s.hosts > 1 and s.policy.host_layout == "sharded" and s.policy.gpu_state_units:
+            raise SlideDPError("host_layout sharded cannot yet hold units on the GPU: set gpu_state_units to 0")
         if s.eval_every < 0:
             raise SlideDPError("--eval-every must be >= 0")
         check_logger(s.log)
@@ -159,8 +177,10 @@ class Trainer:
         self.model_spec = ModelSpec.from_hf_config(self.config.to_dict(), name=Path(s.model).name or s.model)
         self.per_rank = s.policy.micro_batch * s.policy.accumulation
         self.per_step = self.per_rank * s.world  # global batch
-        hw = s.hardware if s.hardware.num_gpus == s.world else s.hardware.with_gpus(s.world)
-        self.workload = StepWorkload(self.model_spec, hw, s.policy, s.seq, self.per_step)
+        self.ranks_per_host = s.world // s.hosts
+        self.host_index = int(os.environ.get("GROUP_RANK", "0")) if s.hosts > 1 else 0  # torchrun's node rank
+        hw = s.hardware if s.hardware.num_gpus == self.ranks_per_host else s.hardware.with_gpus(self.ranks_per_host)
+        self.workload = StepWorkload(self.model_spec, hw, s.policy, s.seq, self.per_rank * self.ranks_per_host)
         if s.seq > getattr(self.config, "max_position_embeddings", s.seq):
             raise SlideDPError(f"--seq {s.seq} exceeds the model's max_position_embeddings "
                                f"{self.config.max_position_embeddings}")
@@ -195,11 +215,18 @@ class Trainer:
         from the run it came from are stated."""
         s = self.spec
         path = Path(s.resume)
+        if not path.is_dir():
+            raise SlideDPError(f"--resume {s.resume!r}: no such checkpoint directory")
+        checkpoint_files.check_hosts(path, s.hosts)
+        if s.hosts > 1 and "WORLD_SIZE" not in os.environ:
+            # A launcher: which share this host resumes is known once torchrun's rendezvous has placed it.
+            return json.loads(checkpoint_files.any_meta(path).read_text())
+        path = checkpoint_files.share_dir(path, self.host_index, s.hosts)
         for line in checkpoint_files.recover(path):
             self.log(f"checkpoint: {line}")
         if not path.is_dir():
-            raise SlideDPError(f"--resume {s.resume!r}: no such checkpoint directory")
-        meta = checkpoint_files.verify(path, self.model_spec.total_params, self.precision)
+            raise SlideDPError(f"--resume {s.resume!r}: no share of host {self.host_index} ({path.name})")
+        meta = checkpoint_files.verify(path, self._share_numel(), self.precision)
         saved_spec = meta.get("model_spec")
         if saved_spec is not None and {k: v for k, v in saved_spec.items() if k != "name"} != \
                 {k: v for k, v in self.model_spec.to_dict().items() if k != "name"}:
@@ -211,10 +238,22 @@ class Trainer:
                 self.log(f"resume: {key} differs from the checkpoint's run ({meta[key]!r:.60} then, {value!r:.60} now)")
         return meta
 
+    def _share_table(self, adapter: ModelAdapter, local_rank: int = 0) -> ChunkTable:
+        """This host's chunks and share of the parameters (all of them unless sharded across hosts)."""
+        routes = Routes.of(self.spec.policy, self.ranks_per_host, hosts=self.spec.hosts)
+        return ChunkTable(adapter.units, routes, local_rank, host=self.host_index)
+
+    def _share_numel(self) -> int:
+        return self._share_table(ModelAdapter(self.config)).share_numel
+
+    def _checkpoint_dir(self, directory: Path) -> Path:
+        return checkpoint_files.share_dir(directory, self.host_index, self.spec.hosts)
+
     # ---- the run ----------------------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         s = self.spec
-        comm = self._init_distributed()
+        groups = self._init_distributed()
+        comm, world = groups.local, groups.world
         device = Device(self.device_name)
         if device.is_cuda:
             total = torch.cuda.get_device_properties(device.torch_device).total_memory
@@ -224,53 +263,58 @@ class Trainer:
         bf16_grads = s.policy.grad_dtype == "bf16" and self.compute_dtype == torch.bfloat16
         grad_dtype = torch.bfloat16 if bf16_grads else torch.float32
         shared = None
-        if comm.active:
-            shared, host, start_step = self._shared_state(adapter, comm, device, grad_dtype)
+        share = self._share_table(adapter, comm.rank).share_pieces()
+        if world.active:
+            shared, host, start_step = self._shared_state(adapter, groups, device, grad_dtype, share)
         else:
             host = HostState.allocate(adapter.total_params, self.compute_dtype, grad_dtype, pin=device.is_cuda,
-                                      precision=self.precision, unit_numels=[u.numel for u in adapter.units])
+                                      precision=self.precision, unit_numels=[u.numel for u in adapter.units],
+                                      share=share)
             start_step = self._initialise(host, adapter, device)
         where = (f"predicted GPU peak {self.memory.gpu_peak / GIB:.1f} GiB of a {self.gpu_budget / GIB:.1f} GiB budget"
                  if device.is_cuda else "device cpu: no GPU, the weights stream into host memory")
         self.log(f"host state {self.precision.name} (master {self.precision.master}, moments {self.precision.moments}"
                  f"): {self.precision.host_bytes_per_param(host.grad_buffer.element_size()):.2f} bytes/param by spec")
         self.log(f"host state: {host.bytes_per_param():.1f} bytes/param x {adapter.total_params / 1e9:.3f} B params "
-                 f"= {host.total_bytes() / GIB:.2f} GiB (one copy for {comm.world} rank(s), pinned={host.pinned}); "
+                 f"= {host.total_bytes() / GIB:.2f} GiB (one copy for {comm.world} rank(s), pinned={host.pinned}"
+                 f"{f'; host {groups.host} of {groups.hosts}, {s.policy.host_layout}' if groups.hosts > 1 else ''}); "
                  f"{where}")
         threads = self.workload.adam_threads if device.is_cuda else None
         seed = int(self.resume_meta.get("rounding_seed", s.seed)) if self.resume_meta else s.seed
         config = EngineConfig(s.policy, s.optim, s.seq, self.compute_dtype, adam_threads=threads, rounding_seed=seed)
-        engine = StreamingEngine(config, adapter, self.model_spec, host, device, TraceRecorder(device, rank=comm.rank),
-                                 comm)
+        engine = StreamingEngine(config, adapter, self.model_spec, host, device, TraceRecorder(device, rank=world.rank),
+                                 groups=groups)
+        if s.resume and host.share is not None:  # each host loaded its share: every host's into every slot
+            engine.publish_share()
         s.out.mkdir(parents=True, exist_ok=True)
-        if comm.rank == 0:  # a save of this run directory's checkpoint that a kill interrupted
-            for line in checkpoint_files.recover(s.out / CHECKPOINT):
+        if comm.rank == 0:  # a save of this host's checkpoint (share) that a kill interrupted
+            for line in checkpoint_files.recover(self._checkpoint_dir(s.out / CHECKPOINT)):
                 self.log(f"checkpoint: {line}")
-            if s.run_config is not None:
-                import yaml
+        if world.rank == 0 and s.run_config is not None:
+            import yaml
 
-                (s.out / "config.yaml").write_text(yaml.safe_dump(s.run_config, sort_keys=False))
-        runlog = RunLog(s.out, s.log, append=bool(s.resume), config=s.run_config, active=comm.rank == 0,
+            (s.out / "config.yaml").write_text(yaml.safe_dump(s.run_config, sort_keys=False))
+        runlog = RunLog(s.out, s.log, append=bool(s.resume), config=s.run_config, active=world.rank == 0,
                         log=self.log)
         try:
-            times, last, evals = self._loop(engine, host, device, start_step, runlog, comm)
-            if s.export_hf and comm.rank == 0:
+            times, last, evals = self._loop(engine, host, device, start_step, runlog, groups)
+            if s.export_hf and world.rank == 0:
                 from slidedp.runtime.export import export_hf
 
                 export_hf(host, adapter, Path(s.export_hf), s.data.tokenizer, self.config)
                 self.log(f"exported {s.export_hf}")
             exposure = exposure_from_trace(last.trace)
             summary = self._summary(last, times, device, host, exposure, evals, start_step)
-            if comm.active:
-                last.trace.to_parquet(s.out / f"trace_rank{comm.rank}.parquet", index=False)
-            if comm.rank == 0:
+            if world.active:
+                last.trace.to_parquet(s.out / f"trace_rank{world.rank}.parquet", index=False)
+            if world.rank == 0:
                 write_run_dir(s.out, last.trace, exposure, summary, s.policy, s.hardware)
-            comm.barrier()
+            world.barrier()
         finally:
             runlog.close()
             engine.close()
             host.close()
-            if comm.active:
+            if world.active:
                 import torch.distributed as dist
 
                 dist.destroy_process_group()
@@ -278,9 +322,10 @@ class Trainer:
                     shared.remove()
         return summary
 
-    def _init_distributed(self) -> Comm:
+    def _init_distributed(self) -> HostGroups:
+        """The default process group and, over several hosts, the host and peer groups (runtime.comm)."""
         if self.spec.world == 1:
-            return Comm()
+            return HostGroups.single()
         import torch.distributed as dist
 
         cuda = self.device_name.startswith("cuda")
@@ -290,7 +335,11 @@ class Trainer:
             if cuda:
                 torch.cuda.set_device(torch.device(self.device_name))
             dist.init_process_group(backend)
-        comm = Comm.from_process_group(host_staged=shared_gpu)
+        groups = HostGroups.create(self.spec.hosts, host_staged=shared_gpu)
+        comm = groups.world
+        if groups.hosts > 1 and groups.host != self.host_index:
+            raise SlideDPError(f"rank {comm.rank} is on host {groups.host} by its rank but torchrun placed it on "
+                               f"node {self.host_index}: every host must run the same --nproc")
         if shared_gpu and comm.rank == 0:
             self.log(f"{self.spec.ranks_per_gpu} ranks share each GPU: collectives run over gloo through host "
                      "memory (slower than NCCL; for tests and small models)")
@@ -298,13 +347,13 @@ class Trainer:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // comm.world))
         if comm.world != self.spec.world:
             raise SlideDPError(f"launched with {comm.world} ranks, the run asked for {self.spec.world}")
-        return comm
+        return groups
 
     def _initialise(self, host: HostState, adapter: ModelAdapter, device: Device) -> int:
         """Fill the state (resume, HF weights or random init); returns the data step to continue from."""
         s = self.spec
         if s.resume:
-            step = int(host.load(Path(s.resume))["data_step"])
+            step = int(host.load(self._checkpoint_dir(Path(s.resume)))["data_step"])
             self.log(f"resumed from {s.resume} at step {step}")
             return step
         if self.model_dir is not None:
@@ -313,24 +362,28 @@ class Trainer:
             host.init_random(adapter, s.seed, device.torch_device)
         return 0
 
-    def _shared_state(self, adapter: ModelAdapter, comm: Comm, device: Device,
-                      grad_dtype: torch.dtype) -> tuple[SharedDir, HostState, int]:
-        """Rank 0 creates the run's private state directory and fills the one host state; the others check it
-        and map the same pages afterwards; then rank 0 removes the directory's names, so that the state lives
-        in /dev/shm by name only while the ranks set up. The directory's random name comes from the launcher
-        (or from rank 0, under a bare torchrun) and travels as a tensor, never pickled."""
+    def _shared_state(self, adapter: ModelAdapter, groups: HostGroups, device: Device, grad_dtype: torch.dtype,
+                      share: list[tuple[int, int, int]] | None) -> tuple[SharedDir, HostState, int]:
+        """Each host's local rank 0 creates the host's private state directory and fills its one host state;
+        the host's other ranks check it and map the same pages afterwards; then local rank 0 removes the
+        directory's names, so that the state lives in /dev/shm by name only while the ranks set up. The
+        directory's random name comes from the host's launcher (or from local rank 0, under a bare torchrun)
+        and travels as a tensor within the host, never pickled; over several hosts it carries the node rank,
+        so that hosts sharing one /dev/shm (emulated on one machine) never meet."""
         import torch.distributed as dist
 
         s = self.spec
+        comm = groups.local
         flags, landing = shared_buffer_sizes(adapter, s.policy, comm.world)
         args = (adapter.total_params, self.compute_dtype, grad_dtype)
         kwargs = dict(pin=device.is_cuda, flags=flags, world=comm.world, landing_numel=landing,
-                      precision=self.precision, unit_numels=[u.numel for u in adapter.units])
+                      precision=self.precision, unit_numels=[u.numel for u in adapter.units], share=share)
         run_id = os.environ.get(RUN_ID_ENV) or new_run_id()
         sync_device = self.device_name if self.device_name.startswith("cuda") and not comm.host_staged else "cpu"
         ident = torch.tensor(list(bytes.fromhex(run_id)), dtype=torch.uint8, device=sync_device)
-        dist.broadcast(ident, src=0)
-        path = state_dir(bytes(ident.cpu().tolist()).hex())
+        dist.broadcast(ident, src=groups.host * comm.world, group=comm.group)
+        node = int(os.environ.get(NODE_RANK_ENV, groups.host)) if groups.hosts > 1 else None
+        path = state_dir(bytes(ident.cpu().tolist()).hex(), node=node)
         info = torch.zeros(2, dtype=torch.int64, device=sync_device)
         if comm.rank == 0:
             launcher = int(os.environ.get(LAUNCHER_PID_ENV, os.getpid()))
@@ -338,7 +391,7 @@ class Trainer:
             host = HostState.allocate_shared(shared, *args, create=True, **kwargs)
             info[0], info[1] = self._initialise(host, adapter, device), host.step
             host.flags.fill_(host.step)
-        dist.broadcast(info, src=0)  # also the barrier: the files exist and hold the state
+        dist.broadcast(info, src=groups.host * comm.world, group=comm.group)  # also the barrier: the files exist
         if comm.rank != 0:
             shared = SharedDir.attach(path)
             host = HostState.allocate_shared(shared, *args, create=False, **kwargs)
@@ -351,6 +404,7 @@ class Trainer:
         return shared, host, int(info[0])
 
     def evaluate(self, engine: StreamingEngine, comm: Comm) -> tuple[float, int]:
+        """``comm``: every rank of every host."""
         """Mean token loss over the eval rows, in groups of one global batch (the step's memory), each group's
         rows dealt to the ranks in turn; returns (loss, trained tokens)."""
         rows = self.eval_rows
@@ -362,8 +416,9 @@ class Trainer:
         return total / max(1, count), count
 
     def _loop(self, engine: StreamingEngine, host: HostState, device: Device, start_step: int, runlog: RunLog,
-              comm: Comm) -> tuple[list[float], StepStats, list[tuple[int, float]]]:
+              groups: HostGroups) -> tuple[list[float], StepStats, list[tuple[int, float]]]:
         s = self.spec
+        comm = groups.world
         evals: list[tuple[int, float]] = []
         fault_rank, fault_step = os.environ.get("SLIDEDP_FAULT_RANK"), os.environ.get("SLIDEDP_FAULT_STEP")
         nan_step = os.environ.get("SLIDEDP_FAULT_NAN_STEP")  # fault injection: a NaN gradient at this step
@@ -404,27 +459,32 @@ class Trainer:
             if self.on_step and comm.rank == 0:
                 self.on_step(step + 1, stats, dt)
             if s.save_every and (step + 1) % s.save_every == 0:
-                self._checkpoint(engine, host, comm, step + 1)
+                self._checkpoint(engine, host, groups, step + 1)
         end = start_step + s.steps
         if s.final_checkpoint and not (s.save_every and end % s.save_every == 0):  # not saved a moment ago
-            self._checkpoint(engine, host, comm, end)
+            self._checkpoint(engine, host, groups, end)
         elif not s.final_checkpoint:
             engine.flush()
         return times, last, evals
 
-    def _checkpoint(self, engine: StreamingEngine, host: HostState, comm: Comm, data_step: int) -> None:
+    def _checkpoint(self, engine: StreamingEngine, host: HostState, groups: HostGroups, data_step: int) -> None:
+        """Each host's local rank 0 writes the host's state (its share, over several hosts)."""
         engine.flush()
-        comm.barrier()  # every owner has applied its updates
-        if comm.rank == 0:
+        groups.world.barrier()  # every owner on every host has applied its updates
+        if groups.local.rank == 0:
             s = self.spec
             latest = s.out / CHECKPOINT
             if s.keep > 1:
                 _keep_aside(latest, data_step)
-            host.save(latest, {"data_step": data_step, "policy": s.policy.to_dict(), "world": comm.world,
-                               "seq": s.seq, "batch": self.per_step, "model_spec": self.model_spec.to_dict(),
-                               "schedule": schedule_dict(s.optim), "rounding_seed": engine.config.rounding_seed})
+            hosts = {"hosts": groups.hosts, "host": groups.host} if groups.hosts > 1 else {}
+            if hosts:
+                latest.mkdir(parents=True, exist_ok=True)
+            host.save(self._checkpoint_dir(latest), {
+                "data_step": data_step, "policy": s.policy.to_dict(), "world": groups.world.world, "seq": s.seq,
+                "batch": self.per_step, "model_spec": self.model_spec.to_dict(), "schedule": schedule_dict(s.optim),
+                "rounding_seed": engine.config.rounding_seed, **hosts})
             _prune(s.out, s.keep - 1)
-        comm.barrier()
+        groups.world.barrier()
 
     def _summary(self, last: StepStats, times: list[float], device: Device, host: HostState,
                  exposure, evals: list[tuple[int, float]], start_step: int) -> RunSummary:

@@ -18,6 +18,7 @@ import torch
 from slidedp.errors import SlideDPError
 from slidedp.resources import CAST_HOST_BYTES, FUSED_ADAM_HOST_BYTES, adam_host_bytes_per_param
 from slidedp.runtime.chunks import ChunkTable
+from slidedp.runtime.comm import Comm
 from slidedp.runtime.compact_adam import AdamScalars, compact_update
 from slidedp.runtime.cpu_adam import fused_kernel, fused_kernel_error
 from slidedp.runtime.device import Device
@@ -98,11 +99,17 @@ class HostUpdater:
     the slot. Either way the slot then holds what the chunk's next H2D copies. Lifecycle per step: jobs are
     submitted (all at once, deferred to the next forward, or chunk by chunk as gradients land), the
     streamer waits for a chunk's job before copying it in, ``flush`` drains everything.
+
+    Under the ``sharded`` host layout a job then all-gathers the new weights with this rank's peers on the
+    other hosts (``weight_peers``) into the slot, so the chunk is whole in every host's slot before its flag
+    says it is updated.
     """
 
     def __init__(self, table: ChunkTable, host: HostState, optim: OptimConfig, recorder: TraceRecorder,
-                 as_ready: bool, threaded: bool, threads: int | None, fused_adam: bool | None, seed: int = 0):
+                 as_ready: bool, threaded: bool, threads: int | None, fused_adam: bool | None, seed: int = 0,
+                 weight_peers: Comm | None = None):
         self.table, self.host, self.optim, self.recorder = table, host, optim, recorder
+        self.weight_peers = weight_peers if table.routes.shards_hosts else None
         self.as_ready = as_ready  # jobs run before the global norm is known: a chunk guards itself
         self.seed = seed  # of the stochastic rounding of compact state (runtime/compact_adam.py)
         self.compact = not host.precision.is_exact
@@ -157,10 +164,34 @@ class HostUpdater:
         self.worker.wait_all()
 
     def restore_slots(self) -> None:
-        """A skipped step: the owned slots hold its gradients; put the unchanged weights back."""
+        """A skipped step: the owned slots hold its gradients; put the unchanged weights back (and, sharded
+        across hosts, the other hosts' parts of the chunks, which a CPU sum may have overwritten)."""
         self.worker.wait_all()
-        for _, _, lo, hi in self.table.owned():
-            self.host.restore_weights(lo, hi)
+        self.publish_all()
+
+    def publish_all(self) -> None:
+        """Every owned range's slot from its master, all-gathered across hosts under ``sharded``: after a
+        skipped step, and after a resume has filled only this host's share."""
+        master, slot = self.host.master, self.host.slot
+        for u, c, lo, hi in self.table.owned():
+            slo, shi = self.table.state_range(u, c, lo, hi)
+            if slot is not master:  # (a bf16 master is the slot)
+                slot[lo:hi].copy_(master[slo:shi])
+            self._exchange(u, c, lo, hi)
+
+    def _exchange(self, u: int, c: int, lo: int, hi: int) -> None:
+        """Sharded host layout: the new weights of this rank's range, and of its peers' ranges on the other
+        hosts, into this host's slot."""
+        if self.weight_peers is None:
+            return
+        ranges = self.table.peer_ranges(u, c)
+        base = min(a for a, _ in ranges)
+        top = max(b for _, b in ranges)
+        n = sum(b - a for a, b in ranges) - (hi - lo)
+        with self.recorder.host_span("nic", "weight_allgather", u, c, nbytes=n * self.host.slot.element_size(),
+                                     host_bytes=n * self.host.slot.element_size()):
+            self.weight_peers.all_gather_ranges(self.host.slot[base:top], self.host.slot[lo:hi],
+                                                [(a - base, b - base) for a, b in ranges])
 
     def close(self) -> None:
         self.worker.close()
@@ -171,15 +202,19 @@ class HostUpdater:
         (u, c), (lr, coef, step) = key, args
         lo, hi = self.table.owned_range(u, c)
         self._update(u, c, lo, hi, lr, coef, step)
+        self._exchange(u, c, lo, hi)
         self.table.mark_updated(u, c, step)
 
     def _update(self, u: int, c: int, lo: int, hi: int, lr: float, coef: float, step: int) -> None:
         host = self.host
         grad = host.grad_buffer[lo:hi]
+        slo, shi = self.table.state_range(u, c, lo, hi)  # the same range unless the host keeps a share
+        master, exp_avg, exp_avg_sq = host.master[slo:shi], host.exp_avg[slo:shi], host.exp_avg_sq[slo:shi]
         n = hi - lo
         if self.as_ready and not bool(torch.isfinite(grad).all()):
             # Updated before the norm is known, a chunk can only protect itself: skip it, keep its weights.
-            host.restore_weights(lo, hi)
+            if host.slot is not host.master:
+                host.slot[lo:hi].copy_(master)
             self.nonfinite_chunks += 1
             return
         if self.compact:
@@ -189,15 +224,14 @@ class HostUpdater:
             with self.recorder.host_span("cpu", "adam", u, c, nbytes=n * FUSED_ADAM_HOST_BYTES,
                                          host_bytes=n * FUSED_ADAM_HOST_BYTES):
                 o = self.optim
-                self._kernel.adamw_bf16(host.master[lo:hi], host.exp_avg[lo:hi], host.exp_avg_sq[lo:hi], grad, lr,
+                self._kernel.adamw_bf16(master, exp_avg, exp_avg_sq, grad, lr,
                                         o.beta1, o.beta2, o.eps, o.weight_decay, float(step), coef)
             return
         adam_bytes = n * adam_host_bytes_per_param(grad.element_size(), fused_cast=False)
         with self.recorder.host_span("cpu", "adam", u, c, nbytes=adam_bytes, host_bytes=adam_bytes):
-            adamw_chunk_(host.master[lo:hi], grad, host.exp_avg[lo:hi], host.exp_avg_sq[lo:hi], step, lr, self.optim,
-                         coef, self._scratch)
+            adamw_chunk_(master, grad, exp_avg, exp_avg_sq, step, lr, self.optim, coef, self._scratch)
         with self.recorder.host_span("cpu", "cast", u, c, nbytes=n * CAST_HOST_BYTES, host_bytes=n * CAST_HOST_BYTES):
-            host.slot[lo:hi].copy_(host.master[lo:hi])
+            host.slot[lo:hi].copy_(master)
 
     def _update_compact(self, u: int, c: int, lo: int, hi: int, lr: float, coef: float, step: int) -> None:
         """Compact state: the kernel, or its bit-identical torch path (runtime/compact_adam.py)."""

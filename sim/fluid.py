@@ -117,10 +117,11 @@ class FluidNetwork:
     def _allocate(self) -> None:
         allocate(self.flows, self.capacity, self.interference, self.cpu_weight)
 
-def host_network(env: simpy.Environment, hw: HardwareProfile) -> FluidNetwork:
-    """The network every simulation of ``hw`` runs on: its resources, CPU passes classified and slowed by the
-    host's measured DMA interference."""
-    return FluidNetwork(env, resource_capacities(hw), flow_class, hw.host.interference, hw.host.cpu_dram_weight)
+def host_network(env: simpy.Environment, hw: HardwareProfile, hosts: int = 1) -> FluidNetwork:
+    """The network every simulation of ``hw`` runs on: its resources (its NICs too over several hosts), CPU
+    passes classified and slowed by the host's measured DMA interference."""
+    return FluidNetwork(env, resource_capacities(hw, hosts), flow_class, hw.host.interference,
+                        hw.host.cpu_dram_weight)
 
 
 def _solo_weight(f: _Flow, capacity: list[float], cpu_weight: float) -> float:

@@ -55,7 +55,7 @@ class _Execution:
     def __init__(self, w: StepWorkload, plan: Plan):
         self.w, self.plan = w, plan
         self.env = simpy.Environment()
-        self.net = host_network(self.env, w.hw)
+        self.net = host_network(self.env, w.hw, w.hosts)
         n = len(plan.ops)
         self.done = [self.env.event() for _ in range(n)]
         self.start = [0.0] * n

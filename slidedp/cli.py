@@ -30,6 +30,9 @@ def add_problem_args(p: argparse.ArgumentParser, batch_default: int | None = 32)
     p.add_argument("--hardware", default="h100-sxm-x4",
                    help="preset name or profile YAML/JSON (default h100-sxm-x4)")
     p.add_argument("--gpus", type=positive_int, help="use this many of the profile's GPUs")
+    p.add_argument("--hosts", type=positive_int, default=1,
+                   help="identical hosts of the profile running data parallel (needs its network section, e.g. "
+                        "h100-sxm-x8-ib); --batch counts every host's sequences (default 1)")
     p.add_argument("--seq", type=positive_int, default=4096, help="sequence length in tokens (default 4096)")
     p.add_argument("--batch", type=positive_int, default=batch_default,
                    help="global batch in sequences per optimizer step")

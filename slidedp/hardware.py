@@ -241,7 +241,34 @@ class SwitchSpec:
 
 
 @dataclass(frozen=True)
+class NetworkSpec:
+    """One host's network to the other hosts of a cluster: ``nics`` NICs of ``nic_gbps`` GB/s each way (a
+    400 Gb/s NIC is 50 GB/s) and a per-message latency. Cross-host collectives (slidedp.routes) share the
+    host's NICs; a host's traffic is modelled as one pool of ``nics x nic_gbps`` (NCCL spreads rings over
+    the NICs), which assumes a non-blocking fabric between hosts."""
+
+    nic_gbps: float  # per NIC, per direction
+    nics: int = 1
+    latency_us: float = 5.0
+
+    def __post_init__(self) -> None:
+        _positive("network", nic_gbps=self.nic_gbps)
+        if not isinstance(self.nics, int) or self.nics < 1:
+            raise SlideDPError(f"network.nics must be a positive integer, got {self.nics!r}")
+        if not (0 <= self.latency_us < math.inf):
+            raise SlideDPError("network.latency_us must be >= 0")
+
+    @property
+    def host_Bps(self) -> float:  # noqa: N802 - SI unit in the name
+        """Bytes/s one host sends (and receives) over all its NICs."""
+        return self.nic_gbps * self.nics * GB
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
+    """One host (``num_gpus`` GPUs sharing its DRAM and CPU); ``network``: its links to other hosts, needed
+    only to model a run over several hosts."""
+
     name: str
     num_gpus: int
     gpu: GPUSpec
@@ -249,6 +276,7 @@ class HardwareProfile:
     link: LinkSpec
     switches: tuple[SwitchSpec, ...] = field(default_factory=tuple)
     notes: str = ""
+    network: NetworkSpec | None = None
 
     def __post_init__(self) -> None:
         if self.num_gpus <= 0:
@@ -277,7 +305,7 @@ class HardwareProfile:
             if any(g < num_gpus for g in sw.gpus)
         )
         return HardwareProfile(f"{self.name}@{num_gpus}", num_gpus, self.gpu, self.host, self.link,
-                               switches, self.notes)
+                               switches, self.notes, self.network)
 
     def to_dict(self) -> dict:
         return to_mapping(self)

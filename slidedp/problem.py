@@ -40,15 +40,15 @@ def resolve_budget(hw: HardwareProfile, gpu_budget_gib: float | None, host_limit
     return Budget(gpu, host)
 
 
-def resolve_policy(path: str | None, batch: int, hw: HardwareProfile) -> Policy:
+def resolve_policy(path: str | None, batch: int, hw: HardwareProfile, hosts: int = 1) -> Policy:
     if path is None:
-        return default_policy(batch, hw.num_gpus)
+        return default_policy(batch, hw.num_gpus * hosts)
     return Policy.load(path)
 
 
 def resolve_problem(model: str, hardware: str, gpus: int | None, seq: int, batch: int,
-                    policy_path: str | None) -> tuple[ModelSpec, HardwareProfile, Policy, StepWorkload]:
+                    policy_path: str | None, hosts: int = 1) -> tuple[ModelSpec, HardwareProfile, Policy, StepWorkload]:
     spec = load_model_spec(model)
     hw = resolve_hardware(hardware, gpus)
-    policy = resolve_policy(policy_path, batch, hw)
-    return spec, hw, policy, StepWorkload(spec, hw, policy, seq, batch)
+    policy = resolve_policy(policy_path, batch, hw, hosts)
+    return spec, hw, policy, StepWorkload(spec, hw, policy, seq, batch, hosts=hosts)

@@ -49,9 +49,15 @@ def adam_host_bytes_per_param(grad_bytes: int, fused_cast: bool) -> int:
 FUSED_ADAM_HOST_BYTES = adam_host_bytes_per_param(2, fused_cast=True)
 
 
-def resource_capacities(hw: HardwareProfile) -> dict[str, float]:
-    """Bytes/s of every shared resource a flow can cross: its name is what bottleneck reports show."""
+NIC = "nic"  # one host's NICs to the other hosts, pooled (HardwareProfile.network)
+
+
+def resource_capacities(hw: HardwareProfile, hosts: int = 1) -> dict[str, float]:
+    """Bytes/s of every shared resource a flow can cross: its name is what bottleneck reports show. Over
+    several hosts, one host's resources plus its NICs (``nic``)."""
     caps: dict[str, float] = {"hostmem": hw.host.mem_bw_gbps * GB}
+    if hosts > 1 and hw.network is not None:
+        caps[NIC] = hw.network.host_Bps
     for g in range(hw.num_gpus):
         caps[f"h2d[{g}]"] = hw.gpu.h2d_gbps * GB
         caps[f"d2h[{g}]"] = hw.gpu.d2h_gbps * GB
@@ -71,6 +77,13 @@ def dma_usage(hw: HardwareProfile, gpu: int, direction: str) -> dict[str, float]
     if sw is not None:
         usage[f"uplink_{direction}[{sw}]"] = 1.0
     return usage
+
+
+def nic_usage(from_host_memory: bool) -> dict[str, float]:
+    """Resources one byte of a cross-host collective crosses: the host's NICs, and host DRAM when it is sent
+    from (or received into) host memory (the per-rank route's CPU sums, the sharded layout's weight
+    all-gather); a gradient leaving the GPU goes NIC to GPU directly (GPUDirect RDMA)."""
+    return {NIC: 1.0, "hostmem": 1.0} if from_host_memory else {NIC: 1.0}
 
 
 def collective_usage(hw: HardwareProfile, gpu: int) -> dict[str, float]:

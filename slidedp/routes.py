@@ -9,6 +9,18 @@ compares route names.
 
 Units are cut into ``chunks_per_layer`` contiguous chunks (:func:`chunk_ranges`), and a chunk into one
 contiguous shard per rank (:func:`shard_bounds`) on the sharded routes.
+
+Across hosts (``hosts`` > 1, ranks numbered host-major as torchrun does: global rank = host x ranks + local
+rank) the policy's ``host_layout`` adds one rule, also written here only:
+  replicated - every host keeps the whole state; a host's ranks reduce a chunk's gradient as on one host, then
+               the rank holding a reduced piece all-reduces it with its peers (the same local rank on every
+               other host); every host runs the whole CPU update.
+  sharded    - host h keeps master and moments of part h of every chunk (:meth:`Routes.host_range`: the chunk
+               cut into ``hosts`` contiguous parts) and the weights of all of it. On the reduce-scatter route
+               a chunk's gradient is reduce-scattered over all hosts x ranks at once, so rank (h, l) receives
+               global shard h x ranks + l, which lies inside part h; on the per-rank route the chunk's owner sums
+               its host's copies on the CPU and reduce-scatters the sum with its peers. After its update each
+               owner all-gathers the new weights with its peers into every host's weight slot, chunk by chunk.
 """
 
 from __future__ import annotations
@@ -44,16 +56,21 @@ class Routes:
 
     param_route: str
     grad_route: str
-    ranks: int
+    ranks: int  # data-parallel ranks of one host (they share its host state)
     chunks: int
     weight_bytes: int = 2
     grad_bytes: int = 2
     align: int = 1  # chunk and shard boundaries are multiples of this inside a unit (StatePrecision.block)
+    hosts: int = 1
+    host_layout: str = "replicated"
 
     @classmethod
-    def of(cls, policy: Policy, ranks: int, weight_bytes: int = 2, grad_bytes: int | None = None) -> Routes:
+    def of(cls, policy: Policy, ranks: int, weight_bytes: int = 2, grad_bytes: int | None = None,
+           hosts: int = 1) -> Routes:
+        """``ranks``: ranks per host; ``hosts``: hosts of the run (each with ``ranks`` ranks)."""
         return cls(policy.param_route, policy.grad_route, ranks, policy.chunks_per_layer, weight_bytes,
-                   policy.grad_bytes if grad_bytes is None else grad_bytes, policy.state_precision.block)
+                   policy.grad_bytes if grad_bytes is None else grad_bytes, align=policy.state_precision.block,
+                   hosts=hosts, host_layout=policy.host_layout)
 
     def chunk_ranges(self, numel: int) -> list[tuple[int, int]]:
         """The chunks of a unit of ``numel`` elements (unit-local ranges)."""
@@ -85,6 +102,74 @@ class Routes:
         """Every rank's worker updates its 1/N shard of every chunk (otherwise one owner per chunk)."""
         return self.grad_route == "reduce_scatter"
 
+    # ---- across hosts ------------------------------------------------------------------------------------------
+    @property
+    def shards_hosts(self) -> bool:
+        """Each host keeps master and moments of 1/H of every chunk (host layout ``sharded``, H > 1)."""
+        return self.host_layout == "sharded" and self.hosts > 1
+
+    @property
+    def gpu_scatter_ranks(self) -> int:
+        """How many ranks a gradient chunk is reduce-scattered over on the GPUs (1: not at all). The reduce-
+        scatter route scatters over this host's ranks, or over every rank of every host under ``sharded``; a
+        host of one rank scatters over the hosts under ``sharded`` whatever the route (its owner is itself)."""
+        if self.grad_route == "reduce_scatter" or self.ranks == 1:
+            return self.ranks * (self.hosts if self.shards_hosts else 1)
+        return 1
+
+    @property
+    def cross_host_grad(self) -> str | None:
+        """The gradient collective a rank runs with its peers on the other hosts after its host's reduction:
+        ``all_reduce`` (replicated), ``reduce_scatter`` (sharded, where the GPU scatter did not already cross
+        hosts: the CPU sum of the per-rank route), or None (one host, or already done)."""
+        if self.hosts == 1:
+            return None
+        if not self.shards_hosts:
+            return "all_reduce"
+        return None if self.gpu_scatter_ranks > 1 else "reduce_scatter"
+
+    @property
+    def norm_spans_hosts(self) -> bool:
+        """Whether the squared gradient norm is summed over every host's ranks (each host holds a different
+        part of the reduced gradient) or only over this host's (every host holds all of it)."""
+        return self.shards_hosts
+
+    def host_range(self, a: int, b: int, host: int) -> tuple[int, int]:
+        """Host ``host``'s part [a', b') of a chunk [a, b): all of it unless the host layout is sharded."""
+        if not self.shards_hosts:
+            return a, b
+        bounds = shard_bounds(a, b, self.hosts, self.align)
+        return bounds[host], bounds[host + 1]
+
+    def host_share_numel(self, unit_numels: list[int], host: int) -> int:
+        """Elements of master weights (and of each moment) that host ``host`` keeps."""
+        total = 0
+        for numel in unit_numels:
+            for a, b in self.chunk_ranges(numel):
+                lo, hi = self.host_range(a, b, host)
+                total += hi - lo
+        return total
+
+    @property
+    def host_state_fraction(self) -> float:
+        """Share of master weights, moments and CPU update work that one host holds (1/H when sharded)."""
+        return 1.0 / self.hosts if self.shards_hosts else 1.0
+
+    @property
+    def nic_grad_factor(self) -> float:
+        """Gradient bytes per parameter that one host sends over its NICs per step (ring collectives): an
+        all-reduce 2 (H-1)/H, a reduce-scatter (H-1)/H of the gradient."""
+        if self.hosts == 1:
+            return 0.0
+        ring = (self.hosts - 1) / self.hosts * self.grad_bytes
+        return ring if self.shards_hosts else 2 * ring
+
+    @property
+    def nic_weight_factor(self) -> float:
+        """Weight bytes per parameter one host sends over its NICs per step: the all-gather of new weights
+        (sharded only)."""
+        return (self.hosts - 1) / self.hosts * self.weight_bytes if self.shards_hosts else 0.0
+
     # ---- bytes per parameter per rank ----------------------------------------------------------------------
     @property
     def h2d_param_factor(self) -> float:
@@ -96,8 +181,8 @@ class Routes:
 
     @property
     def d2h_grad_factor(self) -> float:
-        g = float(self.grad_bytes)
-        return g / self.ranks if self.grad_route == "reduce_scatter" else g
+        """Gradient bytes per parameter a rank copies to the host: its shard of the GPU reduce-scatter."""
+        return float(self.grad_bytes) / self.gpu_scatter_ranks
 
     @property
     def reduce_scatter_factor(self) -> float:
@@ -130,11 +215,14 @@ class Routes:
             counts[(u * self.chunks + c) % self.ranks] += 1
         return counts
 
-    def owned_range(self, u: int, c: int, a: int, b: int, rank: int) -> tuple[int, int] | None:
-        """The part of chunk ``c`` of unit ``u`` (unit-local elements [a, b)) that ``rank`` updates, or None."""
+    def owned_range(self, u: int, c: int, a: int, b: int, rank: int, host: int = 0) -> tuple[int, int] | None:
+        """The part of chunk ``c`` of unit ``u`` (unit-local elements [a, b)) that local rank ``rank`` of host
+        ``host`` updates, or None. Under ``sharded`` it lies inside the host's part (:meth:`host_range`)."""
         if rank not in self.chunk_owners(u, c):
             return None
-        if self.shards_updates and self.ranks > 1:
-            bounds = self.shard_bounds(a, b)
-            return bounds[rank], bounds[rank + 1]
-        return a, b
+        scatter = self.gpu_scatter_ranks
+        if scatter > 1:  # the reduce-scatter's shard: global index host x ranks + rank when it spans hosts
+            index = host * self.ranks + rank if scatter > self.ranks else rank
+            bounds = shard_bounds(a, b, scatter, self.align)
+            return bounds[index], bounds[index + 1]
+        return self.host_range(a, b, host)

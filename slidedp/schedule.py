@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slidedp.resources import collective_usage, dma_usage
+from slidedp.resources import NIC, collective_usage, dma_usage, nic_usage
 from slidedp.workload import StepWorkload
 
-STREAM_KINDS: tuple[str, ...] = ("gpu", "h2d", "d2h", "ag", "rs", "cpu")
+STREAM_KINDS: tuple[str, ...] = ("gpu", "h2d", "d2h", "ag", "rs", "xh", "cpu")  # xh: cross-host collectives
 
 
 @dataclass(slots=True)
@@ -81,9 +81,14 @@ class _Builder:
             stream = f"cpu[{rank}]"
             common = dict(rank=rank, stream=stream, resource=stream, unit=u, chunk=c, flops=0.0)
             if w.routes.cpu_reduces:
-                hb = w.cpu_reduce_host_bytes(params)
+                hb = w.cpu_reduce_host_bytes(params * (1.0 / w.routes.host_state_fraction))  # the whole chunk
                 plan.add(op="cpu_reduce", amount=hb, host_bytes=hb, deps=deps, usage={"hostmem": 1.0},
                          cap=w.cpu_reduce_cap(), **common)
+                deps = []
+            if w.nic_grad_from_host:  # the owner's CPU sum, with its peers on the other hosts
+                nb = w.nic_grad_bytes(u)
+                plan.add(op=w.nic_grad_op, amount=nb, host_bytes=nb, deps=deps, usage=nic_usage(True),
+                         latency=w.nic_latency, **{**common, "resource": NIC})
                 deps = []
             hb = w.adam_host_bytes(params)
             last = plan.add(op="adam", amount=hb, host_bytes=hb, deps=deps, usage={"hostmem": 1.0},
@@ -92,6 +97,10 @@ class _Builder:
             if hb > 0:  # a separate cast pass, unless the optimizer kernel writes the bf16 copy itself
                 last = plan.add(op="cast", amount=hb, host_bytes=hb, deps=[], usage={"hostmem": 1.0},
                                 cap=w.cast_cap(), **common)
+            nb = w.nic_weight_bytes(u) * params / (w.units[u].params / self.c * w.routes.host_state_fraction)
+            if nb > 0:  # sharded across hosts: this owner's new weights to its peers, theirs into this slot
+                last = plan.add(op="weight_allgather", amount=nb, host_bytes=nb, deps=[], usage=nic_usage(True),
+                                latency=w.nic_latency, **{**common, "resource": NIC})
             finished.append(last)
         self.updated[(u, c)] = finished
 
@@ -208,6 +217,12 @@ class _Builder:
                                         unit=u, chunk=c, amount=rs_bytes, flops=0.0,
                                         host_bytes=rs_bytes * usage.get("hostmem", 0.0), deps=[ready[r]],
                                         usage=usage, cap=w.collective_cap(), latency=w.link_latency, group=group)
+            if w.nic_grad_op and not w.nic_grad_from_host:  # the reduced shards, with the other hosts'
+                nb = w.nic_grad_bytes(u) / self.n  # this rank's part of its host's NIC traffic
+                for r in range(self.n):
+                    ready[r] = plan.add(op=w.nic_grad_op, rank=r, stream=f"xh[{r}]", resource=NIC, unit=u, chunk=c,
+                                        amount=nb, flops=0.0, host_bytes=0.0, deps=[ready[r]], usage=nic_usage(False),
+                                        latency=w.nic_latency)
             nbytes = w.d2h_grad_bytes(u)
             for r in range(self.n):
                 self.grad_out[(u, c, r)] = plan.add(

@@ -88,12 +88,21 @@ class StatePrecision:
         """Element alignment that chunk and shard boundaries need: the 8-bit block, else 1."""
         return INT8_BLOCK if self.moments == "int8" else 1
 
+    @property
+    def optimizer_bytes_per_param(self) -> float:
+        """Master weights and both moments: what a host keeps only for its share when sharded across hosts."""
+        return self.master_bytes + 2 * self.moment_bytes
+
+    @staticmethod
+    def slot_bytes_per_param(grad_bytes: int = 2) -> float:
+        """The bf16 gradient slot (which with an fp32 master also holds the bf16 weights the next H2D reads), plus
+        an fp32 gradient buffer where gradients are fp32."""
+        return GRAD_SLOT_BYTES + (0 if grad_bytes <= GRAD_SLOT_BYTES else grad_bytes)
+
     def host_bytes_per_param(self, grad_bytes: int = 2) -> float:
-        """Host bytes per parameter of the shared state: master, m, v and the gradient slot (which with an fp32
-        master also holds the bf16 weights the next H2D reads). 14 for fp32 with bf16 gradients, ~8 with 8-bit
-        moments, ~6 with a bf16 master and 8-bit moments. fp32 gradients need 4 more bytes."""
-        extra_grad = 0 if grad_bytes <= GRAD_SLOT_BYTES else grad_bytes
-        return self.master_bytes + 2 * self.moment_bytes + GRAD_SLOT_BYTES + extra_grad
+        """Host bytes per parameter of the shared state: master, m, v and the gradient slot. 14 for fp32 with bf16
+        gradients, ~8 with 8-bit moments, ~6 with a bf16 master and 8-bit moments; fp32 gradients need 4 more."""
+        return self.optimizer_bytes_per_param + self.slot_bytes_per_param(grad_bytes)
 
     def update_dram_bytes_per_param(self, grad_bytes: int) -> float:
         """DRAM bytes one parameter's one-pass update moves: read the gradient, read and write master, m and v,

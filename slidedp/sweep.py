@@ -30,6 +30,9 @@ POLICY_PRESETS: dict[str, Policy] = {
     "replicated": Policy(param_route="replicated", grad_route="per_rank"),
     "sharded-as-ready": Policy(param_route="sharded", grad_route="reduce_scatter", update_schedule="as_ready"),
     "zero-offload-like": Policy(param_route="replicated", grad_route="per_rank", update_schedule="after_backward"),
+    # Across hosts (--hosts): the sharded routes with each host keeping the whole state, or 1/H of it.
+    "hosts-replicated": Policy(param_route="sharded", grad_route="reduce_scatter", host_layout="replicated"),
+    "hosts-sharded": Policy(param_route="sharded", grad_route="reduce_scatter", host_layout="sharded"),
 }
 
 
@@ -52,9 +55,9 @@ def fit_batch(policy: Policy, per_rank: int) -> Policy:
 def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batches: Sequence[int],
               gpus: Sequence[int], policies: Sequence[tuple[str, Policy]], gpu_budget_gib: float | None = None,
               simulate_points: bool = True, progress: Callable[[int, int], None] | None = None,
-              systems: Sequence[str] = (SLIDEDP,), states: Sequence[str] = ("fp32",)) -> pd.DataFrame:
-    """One row per (seq, batch, gpus, system, policy, host-state precision); batches that the GPU count does not
-    divide are skipped.
+              systems: Sequence[str] = (SLIDEDP,), states: Sequence[str] = ("fp32",), hosts: int = 1) -> pd.DataFrame:
+    """One row per (seq, batch, gpus, system, policy, host-state precision); batches that the GPU count (times
+    ``hosts``) does not divide are skipped.
 
     ``policies`` apply to SlideDP, in each of ``states`` (StatePrecision names, or ``auto``: the mode
     slidedp.state_choice picks at that point); every other system runs as that peer does. The analytical model
@@ -71,7 +74,9 @@ def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batche
     entries = ([(SLIDEDP, name, policy.with_(state=state) if state != AUTO else policy, state)
                 for name, policy in policies for state in states] if SLIDEDP in systems else []) \
         + [(s, "", None, "") for s in peers]
-    grid = [(s, b, g, e) for s, b, g, e in itertools.product(seqs, batches, gpus, entries) if b % g == 0]
+    if hosts > 1 and peers:
+        raise SlideDPError(f"the peers run on one host; sweep {', '.join(peers)} without --hosts")
+    grid = [(s, b, g, e) for s, b, g, e in itertools.product(seqs, batches, gpus, entries) if b % (g * hosts) == 0]
     if not grid:
         raise SlideDPError("no grid point has a batch divisible by its GPU count")
     budget = Budget((gpu_budget_gib if gpu_budget_gib is not None else hw.gpu.memory_gib) * GIB,
@@ -81,9 +86,10 @@ def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batche
         machine = hw if g == hw.num_gpus else hw.with_gpus(g)
         if system == SLIDEDP and state == AUTO:
             rows.append(_auto_state_row(model, machine, hw.name, seq, batch, g, name, policy, budget,
-                                        simulate_points))
+                                        simulate_points, hosts))
         elif system == SLIDEDP:
-            rows.append(_slidedp_row(model, machine, hw.name, seq, batch, g, name, policy, budget, simulate_points))
+            rows.append(_slidedp_row(model, machine, hw.name, seq, batch, g, name, policy, budget, simulate_points,
+                                     hosts))
         else:
             rows.append(_peer_row(model, machine, hw.name, seq, batch, g, system, budget))
         if progress:
@@ -96,11 +102,11 @@ def _fits(gpu_peak: float, host_total: float, budget: Budget) -> bool:
 
 
 def _auto_state_row(model: ModelSpec, machine: HardwareProfile, hw_name: str, seq: int, batch: int, g: int,
-                    name: str, policy: Policy, budget: Budget, simulate_points: bool) -> dict:
+                    name: str, policy: Policy, budget: Budget, simulate_points: bool, hosts: int = 1) -> dict:
     """The row of the mode slidedp.state_choice picks among every host-state precision at this point (by simulated
     step time, or analytical with ``simulate_points=False``); if none fits, the exact mode's row."""
     rows = {mode: _slidedp_row(model, machine, hw_name, seq, batch, g, name, policy.with_(state=mode), budget,
-                               simulate_points) for mode in state_options(AUTO)}
+                               simulate_points, hosts) for mode in state_options(AUTO)}
     if not any(r["fits"] for r in rows.values()):
         return {**rows[EXACT.name], "state_reason": "no mode fits"}
     choice = choose_state({m: (r["step_s"] if r["fits"] else None) for m, r in rows.items()},
@@ -109,11 +115,12 @@ def _auto_state_row(model: ModelSpec, machine: HardwareProfile, hw_name: str, se
 
 
 def _slidedp_row(model: ModelSpec, machine: HardwareProfile, hw_name: str, seq: int, batch: int, g: int, name: str,
-                 policy: Policy, budget: Budget, simulate_points: bool) -> dict:
-    fitted = fit_batch(policy, batch // g)
-    w = StepWorkload(model, machine, fitted, seq, batch)
+                 policy: Policy, budget: Budget, simulate_points: bool, hosts: int = 1) -> dict:
+    fitted = fit_batch(policy, batch // (g * hosts))
+    w = StepWorkload(model, machine, fitted, seq, batch, hosts=hosts)
     est = estimate_step(w)
-    row = {"model": model.name, "hardware": hw_name, "gpus": g, "seq": seq, "batch": batch,
+    row = {"model": model.name, "hardware": hw_name, "gpus": g, "hosts": hosts, "host_layout": fitted.host_layout,
+           "seq": seq, "batch": batch,
            "tokens_per_step": w.tokens_per_step, "system": SLIDEDP, "policy": name, "micro_batch": fitted.micro_batch,
            "accumulation": fitted.accumulation, "state": w.state.name,
            "host_state_bytes_per_param": est.memory.host_bytes_per_param,

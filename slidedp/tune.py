@@ -20,7 +20,7 @@ from slidedp.model import estimate_memory, estimate_step
 from slidedp.model.memory import MemoryEstimate
 from slidedp.model.step_model import StepEstimate
 from slidedp.model_spec import ModelSpec
-from slidedp.policy import ACTIVATION_POLICIES, GRAD_ROUTES, PARAM_ROUTES, UPDATE_SCHEDULES, Policy
+from slidedp.policy import ACTIVATION_POLICIES, GRAD_ROUTES, HOST_LAYOUTS, PARAM_ROUTES, UPDATE_SCHEDULES, Policy
 from slidedp.problem import Budget
 from slidedp.sim import SimResult, simulate
 from slidedp.state_choice import StateChoice, choose_state, measured_states
@@ -56,6 +56,8 @@ class TuneSpace:
     # Host optimizer state precisions (StatePrecision names) the tuner may choose from: exact fp32 only unless
     # the user allows compact state (``--state auto``); slidedp.state_choice says how it chooses among several.
     states: tuple[str, ...] = ("fp32",)
+    # Across hosts (tune(..., hosts > 1)): keep the whole state on every host, or 1/H of it on each.
+    host_layouts: tuple[str, ...] = HOST_LAYOUTS
 
 
 @dataclass
@@ -103,8 +105,10 @@ class TuneResult:
         return pd.DataFrame(rows)
 
 
-def enumerate_policies(space: TuneSpace, hw: HardwareProfile, global_batch: int) -> list[Policy]:
-    n = hw.num_gpus
+def enumerate_policies(space: TuneSpace, hw: HardwareProfile, global_batch: int, hosts: int = 1) -> list[Policy]:
+    """Every policy of ``space`` for ``global_batch`` sequences over ``hosts`` hosts of ``hw`` (over several
+    hosts, with each host layout too)."""
+    n = hw.num_gpus * hosts
     if global_batch < n or global_batch % n:
         raise SlideDPError(f"global batch {global_batch} must be a positive multiple of the GPU count {n}")
     per_rank = global_batch // n
@@ -113,30 +117,34 @@ def enumerate_policies(space: TuneSpace, hw: HardwareProfile, global_batch: int)
     if not micro:
         raise SlideDPError(f"no micro-batch in {space.micro_batches} divides the per-rank batch {per_rank}")
     # With one GPU the routes are the same thing: keep one spelling of each.
-    param_routes = space.param_routes if n > 1 else space.param_routes[:1]
-    grad_routes = space.grad_routes if n > 1 else space.grad_routes[:1]
-    threads = sorted({max(1, int(hw.host.cores // n * f)) for f in space.thread_fractions}, reverse=True)
+    param_routes = space.param_routes if hw.num_gpus > 1 else space.param_routes[:1]
+    grad_routes = space.grad_routes if hw.num_gpus > 1 else space.grad_routes[:1]
+    threads = sorted({max(1, int(hw.host.cores // hw.num_gpus * f)) for f in space.thread_fractions}, reverse=True)
+    layouts = space.host_layouts if hosts > 1 else space.host_layouts[:1]
     schedules = tuple(s for s in space.update_schedules if not (space.clipping and s == "as_ready"))
     if not schedules:
         raise SlideDPError("no update schedule left: as_ready cannot clip the global gradient norm")
     policies = []
-    for state, pr, gr, ch, pd_, act, mb, sched, th in itertools.product(
+    for state, pr, gr, ch, pd_, act, mb, sched, th, hl in itertools.product(
             space.states, param_routes, grad_routes, space.chunks_per_layer, space.prefetch_depths, space.activations,
-            micro, schedules, threads):
+            micro, schedules, threads, layouts):
+        if hl == "sharded" and state != "fp32" and len(layouts) > 1:
+            continue  # compact state is not sharded across hosts (runtime.host_state)
         policies.append(Policy(param_route=pr, grad_route=gr, chunks_per_layer=ch, prefetch_depth=pd_,
                                activation=act, micro_batch=mb, accumulation=per_rank // mb, adam_threads=th,
-                               update_schedule=sched, state=state))
+                               update_schedule=sched, state=state, host_layout=hl))
     return policies
 
 
 def most_gpu_state_units(model: ModelSpec, hw: HardwareProfile, policy: Policy, seq: int, global_batch: int,
-                         units: tuple[Unit, ...], gpu_budget: float) -> tuple[StepWorkload, MemoryEstimate] | None:
+                         units: tuple[Unit, ...], gpu_budget: float,
+                         hosts: int = 1) -> tuple[StepWorkload, MemoryEstimate] | None:
     """The workload (and its memory) with the largest ``gpu_state_units`` (> 0) whose GPU peak fits the budget,
     or None when not even the first unit fits. GPU memory grows with every unit held, so bisection finds it."""
     lo, hi, best = 1, len(units), None
     while lo <= hi:
         mid = (lo + hi) // 2
-        w = StepWorkload(model, hw, policy.with_(gpu_state_units=mid), seq, global_batch, units=units)
+        w = StepWorkload(model, hw, policy.with_(gpu_state_units=mid), seq, global_batch, units=units, hosts=hosts)
         mem = estimate_memory(w)
         if mem.gpu_peak <= gpu_budget:
             best, lo = (w, mem), mid + 1
@@ -157,14 +165,16 @@ def seq_tile_candidates(space: TuneSpace, tokens_per_micro_batch: int) -> tuple[
 
 
 def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, budget: Budget,
-         space: TuneSpace | None = None, refine_top: int = 6, progress: Progress | None = None) -> TuneResult:
-    """Best policy for the problem under ``budget``; raises SlideDPError naming the budget needed if none fits.
+         space: TuneSpace | None = None, refine_top: int = 6, progress: Progress | None = None,
+         hosts: int = 1) -> TuneResult:
+    """Best policy for the problem under ``budget`` (per host; ``hosts`` hosts of ``hw``, where the tuner also
+    chooses the host layout); raises SlideDPError naming the budget needed if none fits.
 
     Untiled layers first; only when no untiled policy fits are sequence tiles tried (each policy with the
     largest tile that fits), since tiling reruns each tile's norms and MLP in backward."""
     t0 = time.perf_counter()
     space = space or TuneSpace()
-    policies = enumerate_policies(space, hw, global_batch)
+    policies = enumerate_policies(space, hw, global_batch, hosts)
     units_cache: dict[tuple, tuple[Unit, ...]] = {}
     feasible: list[Candidate] = []
     workloads: dict[int, StepWorkload] = {}
@@ -179,7 +189,7 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
                policy.seq_tile_tokens)
         if key not in units_cache:
             units_cache[key] = build_units(model, hw.gpu, *key[:3], seq, *key[3:])
-        w = StepWorkload(model, hw, policy, seq, global_batch, units=units_cache[key])
+        w = StepWorkload(model, hw, policy, seq, global_batch, units=units_cache[key], hosts=hosts)
         mem = estimate_memory(w)
         smallest_host = min(smallest_host, mem.host_total)
         if mem.host_total <= budget.host_bytes and mem.gpu_peak < smallest_gpu:
@@ -188,8 +198,9 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
             return False
         workloads[id(policy)] = w
         feasible.append(Candidate(policy, estimate_step(w, with_memory=False), mem))
-        held = (most_gpu_state_units(model, hw, policy, seq, global_batch, units_cache[key], budget.gpu_bytes)
-                if space.gpu_state else None)
+        # The sharded host layout keeps each host's share of the master only: no GPU-held units (runtime).
+        held = (most_gpu_state_units(model, hw, policy, seq, global_batch, units_cache[key], budget.gpu_bytes,
+                                     hosts) if space.gpu_state and not w.routes.shards_hosts else None)
         if held is not None:
             w_held, mem_held = held
             workloads[id(w_held.policy)] = w_held

@@ -28,26 +28,37 @@ def default_adam_threads(hw: HardwareProfile, policy: Policy) -> int:
 
 
 class StepWorkload:
-    """Model x hardware x policy x (seq, global batch): every quantity one step moves or computes."""
+    """Model x hardware x policy x (seq, global batch): every quantity one step moves or computes.
+
+    ``hw`` is one host; ``hosts`` identical hosts run the step together (``global_batch`` counts all of their
+    ranks' sequences). Per-rank and per-host quantities are those of any one host: the hosts are symmetric,
+    so the simulator runs one host's ranks with the cross-host collectives as flows on its NICs.
+    """
 
     def __init__(self, model: ModelSpec, hw: HardwareProfile, policy: Policy, seq: int, global_batch: int,
-                 units: tuple[Unit, ...] | None = None):
+                 units: tuple[Unit, ...] | None = None, hosts: int = 1):
         if not isinstance(seq, int) or seq < 1:
             raise SlideDPError(f"sequence length must be a positive integer, got {seq!r}")
         if not isinstance(global_batch, int) or global_batch < 1:
             raise SlideDPError(f"batch must be a positive integer, got {global_batch!r}")
         n = hw.num_gpus
-        if global_batch != n * policy.sequences_per_rank():
+        if not isinstance(hosts, int) or hosts < 1:
+            raise SlideDPError(f"hosts must be a positive integer, got {hosts!r}")
+        if hosts > 1 and hw.network is None:
+            raise SlideDPError(f"hardware {hw.name!r} has no network section: a run over {hosts} hosts needs the "
+                               f"hosts' NICs (e.g. the h100-sxm-x8-ib preset)")
+        if global_batch != hosts * n * policy.sequences_per_rank():
+            where = f"hosts {hosts} x " if hosts > 1 else ""
             raise SlideDPError(
-                f"batch {global_batch} != GPUs {n} x micro_batch {policy.micro_batch} x accumulation "
-                f"{policy.accumulation} = {n * policy.sequences_per_rank()}")
+                f"batch {global_batch} != {where}GPUs {n} x micro_batch {policy.micro_batch} x accumulation "
+                f"{policy.accumulation} = {hosts * n * policy.sequences_per_rank()}")
         check_gpu_state_units(policy.gpu_state_units, model.layers + 2)
         threads = default_adam_threads(hw, policy)
         if threads * n > hw.host.cores:
             raise SlideDPError(f"policy.adam_threads {threads} x {n} ranks exceeds the host's {hw.host.cores} cores")
         self.model, self.hw, self.policy = model, hw, policy
-        self.seq, self.global_batch, self.ranks = seq, global_batch, n
-        self.routes = Routes.of(policy, n, weight_bytes=BF16_BYTES)
+        self.seq, self.global_batch, self.ranks, self.hosts = seq, global_batch, n, hosts
+        self.routes = Routes.of(policy, n, weight_bytes=BF16_BYTES, hosts=hosts)
         self.chunks = policy.chunks_per_layer
         self.adam_threads = threads
         self.tokens_per_rank = seq * policy.sequences_per_rank()
@@ -115,8 +126,37 @@ class StepWorkload:
     def update_owners(self, u: int, c: int) -> tuple[tuple[int, float], ...]:
         """(rank, params) pairs whose optimizer worker updates chunk ``c`` of unit ``u`` (see Routes)."""
         owners = self.routes.chunk_owners(u, c)
-        params = self.units[u].params / self.chunks
+        params = self.units[u].params / self.chunks * self.routes.host_state_fraction  # this host's part
         return tuple((r, params / len(owners)) for r in owners)
+
+    # ---- across hosts (per host; zero on one host) -------------------------------------------------------
+    def nic_grad_bytes(self, u: int) -> float:
+        """Bytes a host sends over its NICs for one chunk's gradient (all-reduce or reduce-scatter)."""
+        return self.routes.nic_grad_factor * self.units[u].params / self.chunks
+
+    def nic_weight_bytes(self, u: int) -> float:
+        """Bytes a host receives over its NICs for one chunk's new weights (sharded: the all-gather)."""
+        return self.routes.nic_weight_factor * self.units[u].params / self.chunks
+
+    @property
+    def nic_grad_op(self) -> str | None:
+        """Trace op of the gradient's cross-host collective (None on one host)."""
+        if self.hosts == 1:
+            return None
+        return "host_reduce_scatter" if self.routes.shards_hosts else "host_allreduce"
+
+    @property
+    def nic_grad_from_host(self) -> bool:
+        """The cross-host gradient collective runs on the CPU sums in host memory (per-rank route), not on the
+        GPU's reduced shards."""
+        return self.hosts > 1 and self.routes.cpu_reduces
+
+    def nic_cap(self) -> float:
+        return self.hw.network.host_Bps if self.hw.network is not None else float("inf")
+
+    @property
+    def nic_latency(self) -> float:
+        return self.hw.network.latency_us * 1e-6 if self.hw.network is not None else 0.0
 
     def cpu_reduce_host_bytes(self, params: float) -> float:
         """Read N gradient copies and write their sum (zero unless the CPU sums per-rank copies)."""
@@ -172,11 +212,14 @@ class StepWorkload:
                 f"not measured on this host")
 
     def cpu_update_host_bytes_per_param(self) -> tuple[float, float, float]:
-        """DRAM bytes per parameter of the three CPU passes of an update: gradient sum, AdamW, cast."""
-        return self.cpu_reduce_host_bytes(1.0), self.adam_host_bytes(1.0), self.cast_host_bytes(1.0)
+        """DRAM bytes per parameter of the model of the three CPU passes of an update on one host: gradient
+        sum, AdamW, cast (the last two over this host's share only when sharded across hosts)."""
+        share = self.routes.host_state_fraction
+        return self.cpu_reduce_host_bytes(1.0), share * self.adam_host_bytes(1.0), share * self.cast_host_bytes(1.0)
 
     def cpu_update_seconds_per_param(self) -> float:
-        """Seconds one rank's optimizer worker spends per parameter on its passes, each alone at its rate."""
+        """Seconds one rank's optimizer worker spends per parameter of the model on its passes, each alone at
+        its rate."""
         reduce_b, adam_b, cast_b = self.cpu_update_host_bytes_per_param()
         return (reduce_b / self.cpu_reduce_cap() if reduce_b else 0.0) + adam_b / self.adam_cap() \
             + cast_b / self.cast_cap()

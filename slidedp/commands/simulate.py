@@ -36,7 +36,8 @@ from slidedp.workload import StepWorkload
 def run_simulate(args: argparse.Namespace) -> int:
     if peer_system(getattr(args, "system", SLIDEDP)) is not None:
         return run_peer_simulate(args)
-    spec, hw, policy, w = resolve_problem(args.model, args.hardware, args.gpus, args.seq, args.batch, args.policy)
+    spec, hw, policy, w = resolve_problem(args.model, args.hardware, args.gpus, args.seq, args.batch, args.policy,
+                                          getattr(args, "hosts", 1))
     budget = resolve_budget(hw, args.gpu_budget, args.host_limit)
     w, est, result, choice = _simulate_state(w, getattr(args, "state", None), budget)
     policy = w.policy

@@ -26,7 +26,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         table = run_sweep(spec, hw, args.seqs or [args.seq], args.batches, gpu_counts, policies, args.gpu_budget,
                           simulate_points=not args.analytical, progress=progress,
                           systems=getattr(args, "systems", None) or ["slidedp"],
-                          states=tuple(dict.fromkeys(getattr(args, "state", None) or ["fp32"])))
+                          states=tuple(dict.fromkeys(getattr(args, "state", None) or ["fp32"])),
+                          hosts=getattr(args, "hosts", 1))
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_parquet(out, index=False) if out.suffix == ".parquet" else table.to_csv(out, index=False)
     Console().print(f"{len(table)} points written to {out}")

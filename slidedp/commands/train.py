@@ -35,11 +35,25 @@ def launch_ranks(args: argparse.Namespace, spec) -> int:
     The launcher owns the run's lifetime: it holds the run directory's lock, names the shared state (a random
     run id the ranks inherit), runs torchrun in its own session so that a signal meant for the run reaches
     every rank through it (SIGINT and SIGTERM are forwarded, stragglers killed after a grace period), makes
-    torchrun die with it, and removes the shared state however the ranks ended."""
-    from slidedp.runtime.lifetime import RunLock, die_with_parent
-    from slidedp.runtime.shared_dir import LAUNCHER_PID_ENV, RUN_ID_ENV, SharedDir, new_run_id, stale_states, state_dir
+    torchrun die with it, and removes the shared state however the ranks ended.
 
-    lock = RunLock(spec.out)
+    Over several hosts (--nnodes) this command runs once on every host: each launcher starts its host's ranks
+    through torchrun's c10d rendezvous at --rdzv-endpoint, names and removes its own host's state (the
+    directory carries the node rank), and locks the run directory for its node only. With --max-restarts 0 a
+    rank that dies on any host fails its collectives on the others, so every host's torchrun ends non-zero."""
+    from slidedp.runtime.lifetime import RunLock, die_with_parent
+    from slidedp.runtime.shared_dir import (
+        LAUNCHER_PID_ENV,
+        NODE_RANK_ENV,
+        RUN_ID_ENV,
+        SharedDir,
+        new_run_id,
+        stale_states,
+        state_dir,
+    )
+
+    multi = args.nnodes > 1
+    lock = RunLock(spec.out, node=args.node_rank if multi else None)
     stale = stale_states()
     if stale:
         print(f"slidedp: note: {len(stale)} state director{'y' if len(stale) == 1 else 'ies'} of killed runs in "
@@ -50,12 +64,17 @@ def launch_ranks(args: argparse.Namespace, spec) -> int:
     os.close(exit_fd)
     # --standalone: torchrun binds its rendezvous store on port 0 itself and hands the ranks that bound port
     # (a port picked here and released before torchrun binds it could be taken by another process meanwhile).
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--local-addr", "127.0.0.1",
+    if multi:  # torchrun's own multi-node rendezvous; it places this host (GROUP_RANK) in join order
+        where = ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank), "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", args.rdzv_endpoint]
+    else:
+        where = ["--standalone", "--local-addr", "127.0.0.1"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *where,
            "--nproc_per_node", str(args.nproc), "--max_restarts", "0", "-m", "slidedp.cli"]
     # The rank processes get this command line through the environment: torchrun's own parser would
     # otherwise try to read options such as --nproc.
     env = {**os.environ, RANK_ARGV_ENV: json.dumps(args.argv), RUN_ID_ENV: run_id, LAUNCHER_PID_ENV: str(os.getpid()),
-           EXIT_FILE_ENV: exit_file}
+           EXIT_FILE_ENV: exit_file, **({NODE_RANK_ENV: str(args.node_rank)} if multi else {})}
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     received: list[int] = []
 
@@ -75,7 +94,7 @@ def launch_ranks(args: argparse.Namespace, spec) -> int:
             os.killpg(proc.pid, signal.SIGKILL)  # any rank still alive: torchrun's session, all of it
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        SharedDir(state_dir(run_id)).remove()
+        SharedDir(state_dir(run_id, node=args.node_rank if multi else None)).remove()
         stopped = _read_stop(Path(exit_file))
         Path(exit_file).unlink(missing_ok=True)
         lock.release()
@@ -89,7 +108,8 @@ def launch_ranks(args: argparse.Namespace, spec) -> int:
         if stopped is not None:  # a rank stopped the run on purpose: its code and reason, once
             print(f"slidedp: error: {stopped[1]}", file=sys.stderr)
             return stopped[0]
-        print(f"slidedp: error: a rank failed (exit code {code}); all ranks stopped; {state}", file=sys.stderr)
+        where = f" (node {args.node_rank}: a rank here or on another host)" if multi else ""
+        print(f"slidedp: error: a rank failed{where} (exit code {code}); all ranks stopped; {state}", file=sys.stderr)
         return 1
     return 0
 
@@ -151,7 +171,7 @@ def run_train(args: argparse.Namespace) -> int:
     if "WORLD_SIZE" not in os.environ:
         check_rank_placement(args.nproc, args.ranks_per_gpu, args.device)
     spec = build_train_spec(args, log=console.print)
-    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+    if (args.nproc > 1 or args.nnodes > 1) and "WORLD_SIZE" not in os.environ:
         Trainer(spec, log=console.print)  # validate every input here, before any rank starts
         return launch_ranks(args, spec)
     if "WORLD_SIZE" in os.environ:  # a rank: it must not outlive torchrun (and so the launcher)

@@ -40,6 +40,15 @@ def add_train_args(train: argparse.ArgumentParser) -> None:
                           "or bf16+int8, or auto with --policy auto: the tuner chooses (slidedp.state_choice)")
     run.add_argument("--nproc", type=positive_int, default=1,
                      help="data-parallel ranks (one process per GPU via torchrun; all share one host state)")
+    run.add_argument("--nnodes", type=positive_int, default=1,
+                     help="hosts of the run (torchrun multi-node: start this command on every host with its "
+                          "--node-rank and one --rdzv-endpoint); each host keeps one host state for its ranks")
+    run.add_argument("--node-rank", type=non_negative_int, default=0, help="this host's index, 0 .. --nnodes - 1")
+    run.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                     help="torchrun's c10d rendezvous endpoint, the same on every host (needed with --nnodes > 1)")
+    run.add_argument("--host-layout", choices=["replicated", "sharded"],
+                     help="across hosts: every host keeps the whole state, or 1/H of master and moments "
+                          "(overrides the policy's host_layout)")
     run.add_argument("--ranks-per-gpu", type=positive_int, default=1,
                      help="ranks sharing each GPU (tests, small models; collectives then go over gloo)")
     run.add_argument("--hardware", default="h200-x1", help="profile for preflight and prediction (default h200-x1)")
@@ -162,9 +171,26 @@ def _checkpoint_schedule(resume: str | None) -> dict:
     if not resume:
         return {}
     try:
-        return dict(json.loads((Path(resume) / "meta.json").read_text()).get("schedule") or {})
+        from slidedp.runtime.checkpoint_files import any_meta
+
+        return dict(json.loads(any_meta(Path(resume)).read_text()).get("schedule") or {})
     except (OSError, ValueError, TypeError, AttributeError):
         return {}
+
+
+def check_hosts_args(args: argparse.Namespace) -> None:
+    """--nnodes, --node-rank and --rdzv-endpoint agree with each other."""
+    if args.nnodes == 1:
+        if args.rdzv_endpoint or args.node_rank:
+            raise SlideDPError("--node-rank and --rdzv-endpoint need --nnodes above 1")
+        return
+    if args.node_rank >= args.nnodes:
+        raise SlideDPError(f"--node-rank {args.node_rank} must be below --nnodes {args.nnodes}")
+    endpoint = args.rdzv_endpoint or ""
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SlideDPError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every host), "
+                           f"got {endpoint or 'none'}")
 
 
 def build_train_spec(args: argparse.Namespace, log=print):
@@ -176,9 +202,9 @@ def build_train_spec(args: argparse.Namespace, log=print):
 
     resolve_settings(args)
     hw = resolve_hardware(args.hardware, None)
-    ranks = args.nproc
-    if hw.num_gpus != ranks:
-        hw = hw.with_gpus(ranks)
+    ranks = args.nproc * args.nnodes  # every rank of every host: the global batch is per_rank x ranks
+    if hw.num_gpus != args.nproc:  # the profile describes one host
+        hw = hw.with_gpus(args.nproc)
     tuned = None
     if args.state == AUTO and args.policy != "auto":
         raise SlideDPError("--state auto lets the tuner choose the host state's precision: it needs --policy auto")
@@ -193,6 +219,8 @@ def build_train_spec(args: argparse.Namespace, log=print):
     else:
         policy, source = default_policy(args.batch or ranks, ranks), "default"
     policy = with_state(policy, args.state)
+    if args.host_layout:
+        policy = policy.with_(host_layout=args.host_layout)
     # The schedule: flags, else (resuming) the checkpoint's, else the defaults; so a resume continues it.
     saved = _checkpoint_schedule(args.resume)
     pick = lambda name, key: getattr(args, name) if getattr(args, name) is not None else \
@@ -203,9 +231,10 @@ def build_train_spec(args: argparse.Namespace, log=print):
                         min_lr_ratio=pick("min_lr_ratio", "min_lr_ratio"))
     args.lr, args.warmup, args.min_lr_ratio, args.total_steps = (optim.lr, optim.warmup_steps, optim.min_lr_ratio,
                                                                   optim.total_steps)  # config.yaml: as resolved
-    world = int(os.environ.get("WORLD_SIZE", args.nproc))
-    if world != args.nproc:
-        raise SlideDPError(f"launched with WORLD_SIZE={world} but --nproc {args.nproc}")
+    check_hosts_args(args)
+    world = int(os.environ.get("WORLD_SIZE", args.nproc * args.nnodes))
+    if world != args.nproc * args.nnodes:
+        raise SlideDPError(f"launched with WORLD_SIZE={world} but --nproc {args.nproc} x --nnodes {args.nnodes}")
     data = DataSpec(source=args.data, tokenizer=args.tokenizer, format=args.format, fields=args.fields,
                     train_on_prompt=args.train_on_prompt, packing=args.packing, too_long=args.too_long,
                     eval_source=args.eval_data, eval_fraction=args.eval_fraction)
@@ -213,7 +242,8 @@ def build_train_spec(args: argparse.Namespace, log=print):
                      out=Path(args.out), hardware=hw, optim=optim, tokenizer=args.tokenizer, device=args.device,
                      dtype=args.dtype, seed=args.seed, resume=args.resume, save_every=args.save_every,
                      export_hf=args.export_hf, gpu_budget_gib=args.gpu_budget, host_limit_gib=args.host_limit,
-                     final_checkpoint=not args.no_checkpoint, world=world, on_nonfinite=args.on_nonfinite,
+                     final_checkpoint=not args.no_checkpoint, world=world, hosts=args.nnodes,
+                     on_nonfinite=args.on_nonfinite,
                      ranks_per_gpu=args.ranks_per_gpu,
                      eval_every=args.eval_every, log=args.log, keep=args.keep, cache_dir=args.cache_dir,
                      run_config=settings(args), policy_source=source, tuner_step_time_s=tuned)

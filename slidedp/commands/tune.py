@@ -31,7 +31,8 @@ def run_tune(args: argparse.Namespace) -> int:
     spec = load_model_spec(args.model)
     hw = resolve_hardware(args.hardware, args.gpus)
     budget = resolve_budget(hw, args.gpu_budget, args.host_limit)
-    batch = global_batch_from(args, hw.num_gpus)
+    hosts = getattr(args, "hosts", 1)
+    batch = global_batch_from(args, hw.num_gpus * hosts)
     space = TuneSpace(clipping=not args.no_clip, gpu_state=not args.no_gpu_state,
                       states=state_options(getattr(args, "state", "fp32")))
     if args.chunks:
@@ -39,7 +40,7 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.seq_tiles:
         space = replace(space, seq_tiles=tuple(t for t in args.seq_tiles if t > 0))
     with progress_callback("tuning") as progress:
-        result = tune(spec, hw, args.seq, batch, budget, space, refine_top=args.top_k, progress=progress)
+        result = tune(spec, hw, args.seq, batch, budget, space, refine_top=args.top_k, progress=progress, hosts=hosts)
     table = result.table()
     out = Path(args.out)
     result.best.policy.save(out)

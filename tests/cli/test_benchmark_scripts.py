@@ -143,3 +143,19 @@ def test_compact_state_driver_runs_every_part_on_the_cpu(tmp_path, tiny_config):
     tuned = {r["state"]: r for r in rows if r["part"] == "finetune"}
     assert set(tuned) == {"fp32+int8"} and tuned["fp32+int8"]["rc"] == 0 and tuned["fp32+int8"]["final_eval_loss"] > 0
     assert (out / "finetune_losses.png").exists() and "fp32+int8" in (out / "finetune.md").read_text()
+
+
+def test_multihost_scaling_writes_a_row_per_point_and_says_why(tmp_path):
+    """The #20 scaling study, analytical and small: one host and two, both layouts, strong and weak, one NIC."""
+    import pandas as pd
+
+    proc = bench("multihost_scaling", "--analytical", "--models", "llama-3-70b", "--hosts", "1", "2", "--nics", "1",
+                 "--out", tmp_path)
+    table = pd.read_csv(tmp_path / "scaling.csv")
+    assert len(table) == 8 and set(table.layout) == {"replicated", "sharded"}
+    assert set(table.scaling) == {"strong", "weak"} and table.why.notna().all()
+    one = table[table.hosts == 1]
+    assert (one.efficiency == 1.0).all()
+    two = table[(table.hosts == 2) & (table.scaling == "weak")].set_index("layout")
+    assert two.host_gib_per_host["sharded"] < two.host_gib_per_host["replicated"]
+    assert "| llama-3-70b | weak | 1 | 2 | sharded |" in proc.stdout

@@ -193,7 +193,7 @@ def test_shipped_presets_follow_the_one_chip_rule():
     from slidedp.chips import CHIPS, derived_presets
 
     derived = derived_presets(Path(slidedp.presets.__file__).parent)
-    assert {p.stem for p in derived} == {"h100-sxm-x1", "h100-sxm-x4", "h100-sxm-x8", "rtx4090-x4"}
+    assert {p.stem for p in derived} == {"h100-sxm-x1", "h100-sxm-x4", "h100-sxm-x8", "h100-sxm-x8-ib", "rtx4090-x4"}
     for path, expected in derived.items():
         shipped = load_hardware(path.stem)
         assert shipped.gpu.compute == expected.gpu.compute

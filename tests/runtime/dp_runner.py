@@ -1,4 +1,5 @@
-"""Run the engine with several gloo ranks on CPU, sharing one host state, for the data-parallel tests."""
+"""Run the engine with several gloo ranks on CPU, sharing one host state, for the data-parallel tests; with
+``hosts`` > 1, the ranks are split host-major into emulated hosts, each with its own shared state directory."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import torch.multiprocessing as mp
 
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
-from slidedp.runtime.comm import Comm
+from slidedp.routes import Routes
+from slidedp.runtime.chunks import ChunkTable
+from slidedp.runtime.comm import Comm, HostGroups
 from slidedp.runtime.device import Device
 from slidedp.runtime.engine import EngineConfig, StreamingEngine, shared_buffer_sizes
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
@@ -23,9 +26,13 @@ from slidedp.runtime.tracing import TraceRecorder
 from tests.runtime.helpers import OPTIM, batches
 
 
-def shared_state(adapter: ModelAdapter, policy: Policy, comm: Comm, directory: Path) -> HostState:
+def shared_state(adapter: ModelAdapter, policy: Policy, comm: Comm, directory: Path,
+                 groups: HostGroups | None = None) -> HostState:
+    """``comm``: the host's ranks; ``groups`` (several hosts): which host this is, for its share."""
     flags, landing = shared_buffer_sizes(adapter, policy, comm.world)
-    layout = dict(precision=policy.state_precision, unit_numels=[u.numel for u in adapter.units])
+    hosts, index = (groups.hosts, groups.host) if groups else (1, 0)
+    share = ChunkTable(adapter.units, Routes.of(policy, comm.world, hosts=hosts), comm.rank, host=index).share_pieces()
+    layout = dict(precision=policy.state_precision, unit_numels=[u.numel for u in adapter.units], share=share)
     host = None
     if comm.rank == 0:
         shared = SharedDir.create(directory, os.getpid(), directory.parent)
@@ -56,18 +63,20 @@ def shared_pss(directory: Path) -> dict[str, int]:
 
 
 def _worker(rank: int, world: int, init_file: str, config_path: str, policy_dict: dict, seq: int, steps: int,
-            shm: str, out: str) -> None:
+            shm: str, out: str, hosts: int = 1) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    comm = Comm(rank, world)
+    groups = HostGroups.create(hosts)
+    comm = groups.local
     policy = Policy.from_dict(policy_dict)
     adapter = ModelAdapter(load_hf_config(config_path))
     cfg = json.loads(Path(config_path).read_text())
-    host = shared_state(adapter, policy, comm, Path(shm))
+    shm_dir = Path(shm) if hosts == 1 else Path(f"{shm}-host{groups.host}")
+    host = shared_state(adapter, policy, comm, shm_dir, groups)
     device = Device("cpu")
     spec = ModelSpec.from_hf_config(cfg, "tiny")
     engine = StreamingEngine(EngineConfig(policy, OPTIM, seq, torch.float32), adapter, spec, host, device,
-                             TraceRecorder(device, rank=rank), comm)
+                             TraceRecorder(device, rank=rank), groups=groups)
     per_rank = policy.sequences_per_rank()
     losses = []
     for step, tokens in enumerate(batches(cfg["vocab_size"], seq, per_rank * world, steps, seed=1)):
@@ -77,18 +86,23 @@ def _worker(rank: int, world: int, init_file: str, config_path: str, policy_dict
         if step == 0 and rank == world - 1:
             stats.trace.to_parquet(Path(out).with_suffix(f".trace{rank}.parquet"))
     engine.flush()
-    comm.barrier()
-    Path(out).with_suffix(f".pss{rank}.json").write_text(json.dumps(shared_pss(Path(shm))))
-    comm.barrier()
-    if rank == 0:
-        torch.save({"losses": losses, "master": host.master.clone()}, out)
-    comm.barrier()
+    groups.world.barrier()
+    Path(out).with_suffix(f".pss{rank}.json").write_text(json.dumps(shared_pss(shm_dir)))
+    groups.world.barrier()
+    if comm.rank == 0:  # each host: its state (its share under the sharded host layout) and its full weights
+        torch.save({"losses": losses, "master": host.master.clone(), "weights": host.full_weights().clone(),
+                    "share": host.share}, out if groups.host == 0 else Path(f"{out}.host{groups.host}"))
+    groups.world.barrier()
     engine.close()
     dist.destroy_process_group()
 
 
-def run_data_parallel(world: int, config_path: str, policy: Policy, seq: int, steps: int, tmp: Path) -> dict:
+def run_data_parallel(world: int, config_path: str, policy: Policy, seq: int, steps: int, tmp: Path,
+                      hosts: int = 1) -> dict | list[dict]:
+    """One result (hosts == 1) or one per host: losses, the host's master (its share) and full weights."""
     out = tmp / f"dp{world}.pt"
     mp.start_processes(_worker, args=(world, str(tmp / "init"), config_path, policy.to_dict(), seq, steps,
-                                      str(tmp / "shm"), str(out)), nprocs=world, start_method="spawn")
-    return torch.load(out)
+                                      str(tmp / "shm"), str(out), hosts), nprocs=world, start_method="spawn")
+    if hosts == 1:
+        return torch.load(out)
+    return [torch.load(out if h == 0 else Path(f"{out}.host{h}")) for h in range(hosts)]

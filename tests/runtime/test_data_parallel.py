@@ -121,19 +121,19 @@ def test_reduce_scatter_falls_back_to_all_reduce_only_where_the_backend_lacks_it
 
     calls = []
 
-    def missing(out, inp):
+    def missing(out, inp, group=None):
         calls.append("rs")
         raise NotImplementedError("no reduce_scatter on this backend")
 
     monkeypatch.setattr(dist, "reduce_scatter_tensor", missing)
-    monkeypatch.setattr(dist, "all_reduce", lambda t: calls.append("ar") or t.mul_(2))
+    monkeypatch.setattr(dist, "all_reduce", lambda t, group=None: calls.append("ar") or t.mul_(2))
     comm = Comm(rank=1, world=2)
     out = comm.reduce_scatter_(torch.empty(3), torch.arange(6.0))
     assert out.tolist() == [6.0, 8.0, 10.0] and comm.native_reduce_scatter is False
     comm.reduce_scatter_(torch.empty(3), torch.arange(6.0))
     assert calls == ["rs", "ar", "ar"]  # the missing op is tried once
 
-    def native(out, inp):
+    def native(out, inp, group=None):
         out.copy_(inp[3:] * 2)
 
     monkeypatch.setattr(dist, "reduce_scatter_tensor", native)
