@@ -279,7 +279,9 @@ class HostState:
     def read_fp32(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Master, m and v of [lo, hi) in fp32 (new tensors)."""
         r = self.range(lo, hi)
-        m, v = load_moments(r)
+        m, v = load_moments(r)  # fp32 moments come back as views of the state itself: copy them
+        if m.data_ptr() == r.exp_avg.data_ptr():
+            m, v = m.clone(), v.clone()
         return r.master.to(torch.float32, copy=True), m, v
 
     def write_fp32(self, lo: int, hi: int, master: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:

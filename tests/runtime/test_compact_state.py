@@ -444,3 +444,16 @@ def test_hf_export_of_a_bf16_master_is_the_master_itself(tmp_path):
             start = unit.offset + p.offset
             t = tensors[p.hf_name]
             assert t.dtype == torch.bfloat16 and torch.equal(t.reshape(-1), host.master[start:start + p.numel])
+
+
+@pytest.mark.parametrize("state", ["fp32", "fp32+bf16", "fp32+int8"])
+def test_read_fp32_returns_copies_never_views_of_the_state(state):
+    """GPU-held units load their fp32 state with read_fp32: a view would let a CPU 'device' replica (and every
+    data-parallel rank's replica) write into the one shared host state."""
+    precision = StatePrecision.parse(state)
+    host = HostState.allocate(512, torch.float32, torch.float32, pin=False, precision=precision, unit_numels=[512])
+    master, m, v = host.read_fp32(0, 512)
+    for t, stored in ((master, host.master), (m, host.exp_avg), (v, host.exp_avg_sq)):
+        t.add_(1.0)
+        assert t.untyped_storage().data_ptr() != stored.untyped_storage().data_ptr()
+    assert float(host.exp_avg.float().abs().sum()) == 0.0 and float(host.exp_avg_sq.float().abs().sum()) == 0.0
