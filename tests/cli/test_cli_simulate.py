@@ -135,7 +135,7 @@ def test_state_auto_chooses_a_mode_that_fits_and_says_why(capsys, monkeypatch):
 
 
 def test_tune_and_sweep_take_the_state(capsys, tmp_path, monkeypatch):
-    """tune --state auto writes the mode it chose and says why; sweep --state gives one row per mode, the auto
+    """tune --state auto writes the mode it chose and says why (fp32 here: see slidedp.state_choice); sweep --state gives one row per mode, the auto
     row the mode the rule picks, and says the compact rates are derived."""
     import pandas as pd
     import yaml
@@ -147,9 +147,11 @@ def test_tune_and_sweep_take_the_state(capsys, tmp_path, monkeypatch):
                           "--state", "auto", "--out", str(out))
     assert code == 0, err
     chosen = yaml.safe_load(out.read_text())["state"]
-    assert chosen != "fp32" and f"host state {chosen}" in text and "chosen by --state auto" in text
+    # h200-x1 has measured no compact update rate: exact state fits, and a derived rate buys no mode for speed.
+    assert chosen == "fp32" and f"host state {chosen}" in text and "chosen by --state auto" in text
+    assert "not chosen for speed" in text
     ranked = pd.read_csv(tmp_path / "p_ranked.csv")
-    assert ranked.state.iloc[0] == chosen and "fp32" in set(ranked.state)
+    assert ranked.state.iloc[0] == chosen and len(set(ranked.state)) > 1
     table = tmp_path / "s.csv"
     code, text, err = run(capsys, "sweep", *problem[:6], "--batches", "1", "--policies", "sharded", "--analytical",
                           "--state", "fp32", "bf16+int8", "auto", "--out", str(table))
