@@ -180,6 +180,7 @@ def test_noisy_link_timings_warn_instead_of_aborting():
     assert any(w.startswith("h2d_gbps:") for w in report["warnings"])
 
 
+@pytest.mark.slow
 def test_layer_benchmark_runs_on_this_cpu(tmp_path):
     """Only that the CPU path times every grid point (timings of this machine are never asserted)."""
     import json

@@ -29,6 +29,7 @@ def test_peers_chunked_loss_equals_full_cross_entropy():
     assert "self-check ok" in proc.stdout
 
 
+@pytest.mark.slow
 def test_peer_compare_runs_every_cpu_capable_system(tmp_path, tiny_config):
     out = tmp_path / "peers"
     bench("peer_compare", "--model", tiny_config, "--seq", "16", "--batches", "1", "2", "--steps", "2", "--device",
@@ -45,6 +46,7 @@ def test_peer_compare_runs_every_cpu_capable_system(tmp_path, tiny_config):
     assert (out / "slidedp_runs.tar.gz").exists()
 
 
+@pytest.mark.slow
 def test_peer_compare_with_two_ranks_per_system(tmp_path, tiny_config):
     """--gpus 2: SlideDP through slidedp train --nproc 2, FSDP2 offload under torchrun; a global batch that
     does not split over the ranks is a row saying so, not a failure."""
@@ -57,6 +59,7 @@ def test_peer_compare_with_two_ranks_per_system(tmp_path, tiny_config):
     assert rows[("fsdp2-offload", 3)]["status"].startswith("skipped") and rows[("slidedp", 3)]["status"] != "ok"
 
 
+@pytest.mark.slow
 def test_validation_and_long_sequence_scripts_write_run_directories(tmp_path, tiny_config):
     from slidedp.calibration.from_run import load_record
 
@@ -92,6 +95,7 @@ def test_long_seq_tiled_driver_runs_tiled_layers_and_its_search(tmp_path, tiny_c
         assert r["step_time_s"] > 0 and r["tuner_gpu_peak_gib"] > 0 and r["final_loss"] > 0
 
 
+@pytest.mark.slow
 def test_multi_gpu_correctness_part_compares_ranks_with_one_process(tmp_path, tiny_config):
     out = tmp_path / "mg"
     bench("multi_gpu", "--model", tiny_config, "--gpus", "2", "--seq", "16", "--check-steps", "2", "--device", "cpu",

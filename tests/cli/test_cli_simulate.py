@@ -135,8 +135,8 @@ def test_state_auto_chooses_a_mode_that_fits_and_says_why(capsys, monkeypatch):
 
 
 def test_tune_and_sweep_take_the_state(capsys, tmp_path, monkeypatch):
-    """tune --state auto writes the mode it chose and says why (fp32 here: see slidedp.state_choice); sweep --state gives one row per mode, the auto
-    row the mode the rule picks, and says the compact rates are derived."""
+    """tune --state auto writes the mode it chose and says why (fp32 here: see slidedp.state_choice); sweep
+    --state gives one row per mode, the auto row the mode the rule picks, and says the compact rates are derived."""
     import pandas as pd
     import yaml
 

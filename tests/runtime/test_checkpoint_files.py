@@ -94,14 +94,20 @@ def _corrupt(ckpt, how: str, tmp_path) -> None:
         meta.write_text(json.dumps(m))
 
 
+@pytest.fixture(scope="module")
+def trained_checkpoint(tmp_path_factory):
+    """One short training run's checkpoint, trained once for every corruption case (each copies it)."""
+    base = tmp_path_factory.mktemp("trained")
+    ok = run_cli_train(base, base / "run", "--steps", "1", "--batch", "2", "--seq", "16")
+    assert ok.returncode == 0, ok.stderr[-1500:]
+    return base / "run" / "checkpoint"
+
+
 @pytest.mark.parametrize("how", ["truncated", "emptied", "header", "flipped", "meta-broken", "meta-missing-key",
                                  "nan", "other-model"])
-def test_a_corrupted_checkpoint_is_one_line_and_exit_2(tmp_path, how):
-    out = tmp_path / "run"
-    ok = run_cli_train(tmp_path, out, "--steps", "1", "--batch", "2", "--seq", "16")
-    assert ok.returncode == 0, ok.stderr[-1500:]
+def test_a_corrupted_checkpoint_is_one_line_and_exit_2(tmp_path, how, trained_checkpoint):
     ckpt = tmp_path / "saved"
-    shutil.copytree(out / "checkpoint", ckpt)
+    shutil.copytree(trained_checkpoint, ckpt)
     _corrupt(ckpt, how, tmp_path)
     resumed = run_cli_train(tmp_path, tmp_path / "again", "--steps", "1", "--batch", "2", "--resume", str(ckpt))
     err = resumed.stderr.strip().splitlines()

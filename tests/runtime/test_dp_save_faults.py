@@ -59,8 +59,9 @@ def _wait_gone(launcher_pid: int, deadline: float = 60.0) -> None:
     assert not _ranks_of(launcher_pid), "a rank or torchrun outlived the run"
 
 
-@pytest.mark.parametrize("target, sig, code", [("rank0", signal.SIGKILL, 1), ("rank0", signal.SIGTERM, 1),
-                                                ("launcher", signal.SIGKILL, -9), ("launcher", signal.SIGTERM, 130)])
+@pytest.mark.parametrize("target, sig, code", [
+    pytest.param("rank0", signal.SIGKILL, 1, marks=pytest.mark.slow), ("rank0", signal.SIGTERM, 1),
+    ("launcher", signal.SIGKILL, -9), pytest.param("launcher", signal.SIGTERM, 130, marks=pytest.mark.slow)])
 def test_a_kill_during_a_save_keeps_the_previous_checkpoint(tmp_path, target, sig, code):
     out = tmp_path / "run"
     proc = _popen(tmp_path, out, "--steps", "3", "--save-every", "1", env={FAULT_PAUSE_IN_SAVE: "2"})

@@ -18,6 +18,7 @@ SEQ, STEPS = 16, 3  # as test_data_parallel.single_process, the reference
 # path with another shard index, which test_routes_say_which_collectives_cross_hosts checks.
 CASES = [(layout, 2, ranks, grad) for layout in ("replicated", "sharded")
          for ranks, grad in ((1, "reduce_scatter"), (2, "per_rank"))]
+CASES = [pytest.param(*c, marks=pytest.mark.slow) if c[0] == "replicated" and c[2] == 2 else c for c in CASES]
 
 
 @pytest.mark.parametrize("layout, hosts, ranks, grad_route", CASES)

@@ -62,6 +62,7 @@ def _master(ckpt: Path) -> torch.Tensor:
     return load_file(str(ckpt / "state.safetensors"))["master"]
 
 
+@pytest.mark.slow
 def test_two_sharded_hosts_match_one_process_and_resume_their_shares(tmp_path):
     before = _our_state_dirs()
     single = run_cli_train(tmp_path, tmp_path / "one", "--steps", "3", "--batch", "2", *COMMON)
