@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import random
 
+import pandas as pd
+import pytest
+
 from slidedp.hardware import GIB, load_hardware
 from slidedp.model import estimate_memory, memory_shortfalls
+from slidedp.model.demands import op_totals
 from slidedp.model_spec import load_model_spec
 from slidedp.policy import Policy
 from slidedp.workload import StepWorkload
@@ -36,3 +40,13 @@ def random_valid_workload(rng: random.Random) -> StepWorkload:
 
 
 SWEEP = [random_valid_workload(random.Random(seed)) for seed in range(60)]
+
+
+def assert_trace_conserves_op_totals(trace: pd.DataFrame, w: StepWorkload) -> None:
+    """The simulated trace moves, per op, exactly the bytes, host bytes and FLOPs the closed form says."""
+    by_op = trace.groupby("op")[["bytes", "host_bytes", "flops"]].sum()
+    expected = op_totals(w)
+    assert set(by_op.index) == set(expected)
+    for op, totals in expected.items():
+        for column, value in totals.items():
+            assert by_op.loc[op, column] == pytest.approx(value, rel=1e-9, abs=1e-6), (op, column)

@@ -11,7 +11,7 @@ from slidedp.model_spec import load_model_spec
 from slidedp.policy import Policy
 from slidedp.sim import simulate
 from slidedp.workload import StepWorkload
-from tests.sim.sweep import SWEEP, random_valid_workload
+from tests.sim.sweep import SWEEP, assert_trace_conserves_op_totals, random_valid_workload
 
 
 @pytest.mark.parametrize("w", SWEEP, ids=lambda w: f"{w.model.name}-{w.hw.name}-{w.policy.update_schedule}")
@@ -24,13 +24,7 @@ def test_model_within_ten_percent_of_simulator_and_simulator_never_beats_the_bou
 
 @pytest.mark.parametrize("w", SWEEP[:12], ids=lambda w: f"{w.model.name}-{w.hw.name}-{w.policy.activation}")
 def test_trace_conserves_bytes_and_flops(w):
-    trace = simulate(w).trace
-    by_op = trace.groupby("op")[["bytes", "host_bytes", "flops"]].sum()
-    expected = op_totals(w)
-    assert set(by_op.index) == set(expected)
-    for op, totals in expected.items():
-        for column, value in totals.items():
-            assert by_op.loc[op, column] == pytest.approx(value, rel=1e-9, abs=1e-6), (op, column)
+    assert_trace_conserves_op_totals(simulate(w).trace, w)
 
 
 def test_exposure_rows_add_up_to_the_step():
@@ -56,12 +50,7 @@ def test_gpu_state_units_agree_between_model_and_simulator_and_conserve_bytes(w)
     sim = simulate(w)
     assert sim.step_time_s >= lower_bound(w) * (1 - 1e-9)
     assert estimate_step(w, with_memory=False).step_time_s == pytest.approx(sim.step_time_s, rel=0.10)
-    by_op = sim.trace.groupby("op")[["bytes", "host_bytes", "flops"]].sum()
-    expected = op_totals(w)
-    assert set(by_op.index) == set(expected)
-    for op, totals in expected.items():
-        for column, value in totals.items():
-            assert by_op.loc[op, column] == pytest.approx(value, rel=1e-9, abs=1e-6), (op, column)
+    assert_trace_conserves_op_totals(sim.trace, w)
     held = set(range(w.policy.gpu_state_units))
     host_ops = sim.trace[sim.trace.op.isin(["h2d_param", "d2h_grad", "adam", "allgather", "reduce_scatter"])]
     assert not held & set(host_ops.unit)
