@@ -144,6 +144,8 @@ def real_text(spec: str, limit_mb: float, out: Path) -> tuple[Path, str]:
 
 
 def part_finetune(args: argparse.Namespace) -> None:
+    from slidedp.policy import default_policy
+
     text, what = real_text(args.text, args.text_mb, args.out)
     log(f"finetune data: {what}")
     runs = args.out / "runs"
@@ -151,8 +153,11 @@ def part_finetune(args: argparse.Namespace) -> None:
     curves = {}
     for state in args.states:
         run_dir = runs / f"finetune-{Path(args.model).stem}-{state}"
+        policy = runs / f"finetune-policy-b{args.batches[0]}-m{args.micro_batch}.yaml"
+        default_policy(args.batches[0], 1, max_micro_batch=args.micro_batch).save(policy)
         cmd = [sys.executable, "-m", "slidedp.cli", "train", "--model", args.model, "--data", str(text), "--seq",
-               str(args.seq), "--batch", str(args.batches[0]), "--steps", str(args.steps), "--state", state,
+               str(args.seq), "--batch", str(args.batches[0]), "--policy", str(policy), "--steps", str(args.steps),
+               "--state", state,
                "--device", args.device, "--hardware", args.hardware, "--seed", "0", "--lr", str(args.lr),
                "--warmup", str(max(1, args.steps // 20)), "--eval-fraction", "0.02", "--eval-every",
                str(args.eval_every), "--no-checkpoint", "--log", "none", "--out", str(run_dir)]
@@ -227,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--text-mb", type=float, default=32.0)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--micro-batch", type=int, default=1,
+                    help="finetune: sequences per micro-batch (the default policy's, up to the batch)")
     args = ap.parse_args(argv)
     model, seq, batches, states, steps = DEFAULTS[args.part]
     args.model = args.model or model

@@ -137,7 +137,8 @@ def test_compact_state_driver_runs_every_part_on_the_cpu(tmp_path, tiny_config):
     byte_vocab = tmp_path / "tiny300.json"  # the byte-level tokenizer needs 256 ids
     byte_vocab.write_text(json.dumps(dict(json.loads(tiny_config.read_text()), vocab_size=300)))
     bench("compact_state", "finetune", "--model", byte_vocab, "--seq", "32", "--batches", "2", "--steps", "4",
-          "--eval-every", "2", "--states", "fp32+int8", "--device", "cpu", "--text", text, "--out", out)
+          "--eval-every", "2", "--micro-batch", "2", "--states", "fp32+int8", "--device", "cpu", "--text", text,
+          "--out", out)
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     rates = {r["state"]: r for r in rows if r["part"] == "rates"}
     assert set(rates) == {"fp32", "bf16+int8"} and all(r["gparams_per_s"] > 0 for r in rates.values())
