@@ -39,6 +39,13 @@ def rss_gib(field: str = "VmRSS") -> float:
     return rss_bytes(field) / 2**30
 
 
+def model_label(model: str) -> str:
+    """A model's name in tables and run directories: a preset as given, a config file by its stem
+    (``Path("qwen3-0.6b").stem`` would cut a preset's dotted version)."""
+    path = Path(model)
+    return path.stem if path.suffix == ".json" else path.name
+
+
 def append_jsonl(path: Path, row: dict) -> None:
     """Append one results row: rows land as runs finish, so a run cut short still leaves the earlier ones."""
     with Path(path).open("a") as fh:

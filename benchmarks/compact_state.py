@@ -29,7 +29,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from benchmarks.common import append_jsonl, log, read_jsonl, train_run
+from benchmarks.common import append_jsonl, log, model_label, read_jsonl, train_run
 from slidedp.state_precision import STATE_CHOICES, StatePrecision
 
 MODES = [p.name for p in STATE_CHOICES]
@@ -61,10 +61,10 @@ def _run_row(part: str, model: str, seq: int, batch: int, state: str, out: Path,
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     policy = _policy(model, seq, batch, state, runs, tune, hardware)
-    run_dir = runs / f"{part}-{Path(model).stem}-b{batch}-{state}"
+    run_dir = runs / f"{part}-{model_label(model)}-b{batch}-{state}"
     rc, summary = train_run(model, seq, policy, steps, run_dir, device=device, hardware=hardware,
                             extra=("--log", "none"))
-    row = {"part": part, "model": Path(model).stem, "seq": seq, "batch": batch, "state": state, "rc": rc,
+    row = {"part": part, "model": model_label(model), "seq": seq, "batch": batch, "state": state, "rc": rc,
            "host_bytes_per_param": StatePrecision.parse(state).host_bytes_per_param(2)}
     if summary is not None:
         row.update(step_time_s=summary.step_time_s, tokens_per_s=summary.tokens_per_s,
@@ -152,7 +152,7 @@ def part_finetune(args: argparse.Namespace) -> None:
     runs.mkdir(parents=True, exist_ok=True)
     curves = {}
     for state in args.states:
-        run_dir = runs / f"finetune-{Path(args.model).stem}-{state}"
+        run_dir = runs / f"finetune-{model_label(args.model)}-{state}"
         policy = runs / f"finetune-policy-b{args.batches[0]}-m{args.micro_batch}.yaml"
         default_policy(args.batches[0], 1, max_micro_batch=args.micro_batch).save(policy)
         cmd = [sys.executable, "-m", "slidedp.cli", "train", "--model", args.model, "--data", str(text), "--seq",
@@ -171,7 +171,7 @@ def part_finetune(args: argparse.Namespace) -> None:
         train = [(int(r["step"]), float(r["loss"])) for r in rows]
         held = [(int(r["step"]), float(r["eval_loss"])) for r in rows if r.get("eval_loss")]
         curves[state] = (train, held)
-        append_jsonl(args.out / "results.jsonl", {"part": "finetune", "model": Path(args.model).stem, "state": state,
+        append_jsonl(args.out / "results.jsonl", {"part": "finetune", "model": model_label(args.model), "state": state,
                                                   "rc": rc, "data": what, "steps": args.steps,
                                                   "final_eval_loss": held[-1][1] if held else None,
                                                   "final_train_loss": train[-1][1] if train else None})

@@ -17,7 +17,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.common import log
+from benchmarks.common import log, model_label
 from benchmarks.peer_external import EXTERNAL, run_external_peer
 from benchmarks.peer_setup import (
     BETAS,
@@ -211,7 +211,7 @@ def run_slidedp(args, emit, host_state_only: bool = False) -> None:
         row.update(system=system, predicted_gpu_peak_gib=tuned.best.memory.gpu_peak / GIB,
                    planned_gpu_budget_gib=plan_budget.gpu_bytes / GIB, oom_retries=oom,
                    optimizer="SlideDP one-pass CPU AdamW" + ("" if host_state_only else " + GPU AdamW for held units"))
-        save_run_dir(runs, f"{Path(args.model).stem}-s{args.seq}-b{batch}-{system}", row, trace, sm.spec)
+        save_run_dir(runs, f"{model_label(args.model)}-s{args.seq}-b{batch}-{system}", row, trace, sm.spec)
         emit(row)
     sm.close()
 
@@ -239,7 +239,7 @@ def run_slidedp_ranks(args, emit, host_state_only: bool = False) -> None:
         except Exception as exc:  # noqa: BLE001 - a batch that does not divide or fit is a row, not a crash
             emit({**base, "status": f"not tuned ({str(exc).splitlines()[0][:160]})"})
             continue
-        label = f"{Path(args.model).stem}-s{args.seq}-b{batch}-g{args.gpus}-{system}"
+        label = f"{model_label(args.model)}-s{args.seq}-b{batch}-g{args.gpus}-{system}"
         policy_path = runs / f"{label}.yaml"
         policy.save(policy_path)
         code, s = train_run(args.model, args.seq, policy_path, args.steps, runs / label, batch=batch,

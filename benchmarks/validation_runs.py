@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import append_jsonl, log, pack
+from benchmarks.common import append_jsonl, log, model_label, pack
 from benchmarks.streaming_measure import StreamingModel, measure_policy, save_run_dir
 from slidedp.hardware import load_hardware
 from slidedp.policy import Policy
@@ -96,7 +96,7 @@ def main() -> int:
             append_jsonl(results, {"label": label, "status": "oom"})
             torch.cuda.empty_cache()
             continue
-        name = f"{Path(args.model).stem}-{label}"  # a preset name, or a config file's stem
+        name = f"{model_label(args.model)}-{label}"  # a preset name, or a config file's stem
         save_run_dir(runs_dir, name, row, trace, sm.spec)
         row["label"] = name
         append_jsonl(results, row)

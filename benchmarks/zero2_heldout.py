@@ -19,7 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.common import log, read_jsonl
+from benchmarks.common import log, model_label, read_jsonl
 from benchmarks.shape_validation import ARCHS
 from slidedp.hardware import GIB, HardwareProfile, load_hardware
 from slidedp.model_spec import ModelSpec, load_model_spec
@@ -69,7 +69,7 @@ def measured_rows(folders: list[Path]) -> dict[tuple[str, int, int], dict]:
     for folder in folders:
         for r in read_jsonl(Path(folder) / "results.jsonl"):
             if r.get("system") == MEASURED_SYSTEM:
-                rows[(Path(r["model"]).stem, r["seq"], r["batch"])] = r
+                rows[(model_label(r["model"]), r["seq"], r["batch"])] = r
     return rows
 
 
