@@ -43,9 +43,9 @@ def _policy(model: str, seq: int, batch: int, state: str, out: Path, tune: bool,
     path = out / f"policy-b{batch}-{state}.yaml"
     policy = None
     if tune:
-        tuned = out / f"tuned-b{batch}.yaml"
+        tuned = out / f"tuned-b{batch}-{state}.yaml"  # the mode decides the fit (Qwen3-14B fits only compact)
         cmd = [sys.executable, "-m", "slidedp.cli", "tune", "--model", model, "--seq", str(seq), "--batch", str(batch),
-               "--hardware", hardware, "--no-gpu-state", "--out", str(tuned)]
+               "--hardware", hardware, "--no-gpu-state", "--state", state, "--out", str(tuned)]
         if tuned.exists() or subprocess.run(cmd, check=False, capture_output=True).returncode == 0:
             policy = Policy.load(str(tuned))
         else:
@@ -190,9 +190,11 @@ def _plot_finetune(curves: dict, out: Path) -> None:
             ax_train.plot(*zip(*train, strict=True), label=state, lw=0.8)
         if held:
             ax_eval.plot(*zip(*held, strict=True), label=state, marker="o", ms=3)
-    ax_train.set(title="training loss", xlabel="step", ylabel="loss")
-    ax_eval.set(title="held-out loss", xlabel="step")
-    ax_train.legend()
+    ax_train.set(title="training loss", xlabel="optimizer step", ylabel="cross-entropy (nats per token)")
+    ax_eval.set(title="held-out loss", xlabel="optimizer step", ylabel="cross-entropy (nats per token)")
+    ax_train.legend(title="host state")
+    ax_eval.legend(title="host state")
+    fig.suptitle("Fine-tune per host-state precision (same init, data and schedule)")
     fig.tight_layout()
     fig.savefig(out / "finetune_losses.png", dpi=120)
     base = curves.get("fp32", ([], []))[1]

@@ -6,9 +6,28 @@ Keeping both behind one small interface is what lets CI run the exact engine cod
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, MutableMapping
 
 import torch
+
+ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
+
+
+def prefer_expandable_segments(environ: MutableMapping[str, str] = os.environ) -> bool:
+    """Ask PyTorch's CUDA caching allocator for expandable segments unless the user configured the allocator.
+
+    Why: a streaming step allocates and frees a layer's working set over and over in sizes that change with the
+    unit (attention, sequence tiles, the loss chunks). With fixed segments the freed blocks fragment: on the H200
+    (2026-12-04) the 256K-token run planned for an 80 GiB cap stopped with 72.3 GiB allocated and 7.3 GiB
+    reserved but unusable, a 4.25 GiB request short. The memory model plans allocated bytes plus a fixed reserve,
+    which only holds when freed memory can be reused. Must run before the first CUDA allocation (the allocator
+    reads the variable once); launched ranks inherit it. Returns whether it set the variable."""
+    if environ.get(ALLOC_CONF_ENV) or environ.get("PYTORCH_ALLOC_CONF"):
+        return False
+    environ[ALLOC_CONF_ENV] = EXPANDABLE_SEGMENTS
+    return True
 
 
 class Device:

@@ -165,8 +165,10 @@ def _record_stop(exc: TrainingStopped) -> bool:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from slidedp.runtime.device import prefer_expandable_segments
     from slidedp.runtime.trainer import Trainer
 
+    prefer_expandable_segments()  # before any CUDA allocation, in the launcher and so in every rank
     console = Console(stderr=True)
     if "WORLD_SIZE" not in os.environ:
         check_rank_placement(args.nproc, args.ranks_per_gpu, args.device)

@@ -22,7 +22,8 @@ def load_records(paths: list[str]) -> list[RunRecord]:
 def validation_table(title: str, table: pd.DataFrame) -> Table:
     """The rich view of a ``from_run.validate`` table: one row per run."""
     view = Table(title=title)
-    for col in ("run", "measured s", "predicted s", "error %", "limiter (measured / predicted)"):
+    view.add_column("run", overflow="fold")  # run names differ at the end (batch, state): never cut them off
+    for col in ("measured s", "predicted s", "error %", "limiter (measured / predicted)"):
         view.add_column(col)
     for r in table.itertuples():
         view.add_row(r.label, f"{r.measured_s:.3f}", f"{r.predicted_s:.3f}", f"{r.error_percent:+.1f}",

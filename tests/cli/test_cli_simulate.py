@@ -113,15 +113,31 @@ def test_missing_policy_file_via_subprocess_has_no_traceback(tmp_path):
 H200_14B = ["simulate", "--model", "qwen3-14b", "--hardware", "h200-x1", "--seq", "4096", "--batch", "1"]
 
 
-def test_state_auto_chooses_a_mode_that_fits_and_says_why(capsys, monkeypatch):
+@pytest.fixture
+def unmeasured_h200(tmp_path) -> str:
+    """h200-x1 as it was before its compact update rates were measured (2026-12-04): the derived-rate path."""
+    from dataclasses import replace
+
+    from slidedp.hardware import load_hardware
+
+    hw = load_hardware("h200-x1")
+    path = tmp_path / "h200-unmeasured.yaml"
+    replace(hw, host=replace(hw.host, state_update_gparams_per_s={})).save(path)
+    return str(path)
+
+
+def test_state_auto_chooses_a_mode_that_fits_and_says_why(capsys, monkeypatch, unmeasured_h200):
     """Qwen3-14B does not fit the H200's host in fp32: auto simulates every mode, picks by the rule, prints the
-    mode's bytes per parameter (from StatePrecision), that its rate is derived, and with --peers what each peer
-    would need on the host."""
+    mode's bytes per parameter (from StatePrecision), whether its rate is measured or derived, and with --peers
+    what each peer would need on the host."""
     monkeypatch.setenv("COLUMNS", "200")
     code, out, err = run(capsys, *H200_14B, "--state", "auto", "--peers")
     assert code == 0, err
     assert "--state auto chose" in out and "fp32 does not fit" in out
-    assert "DERIVED from the measured fp32 rate" in out
+    assert "DERIVED" not in out  # h200-x1 has measured every mode's rate
+    code, derived, err = run(capsys, *H200_14B[:4], unmeasured_h200, *H200_14B[5:], "--state", "auto")
+    assert code == 0, err
+    assert "DERIVED from the measured fp32 rate" in derived
     chosen = out.split("--state auto chose ")[1].split(":")[0]
     held = {"fp32+int8": "8.03", "bf16+bf16": "8", "bf16+int8": "6.03"}[chosen]
     assert f"({held} B/param state)" in out and f"host state {chosen}" in out
@@ -134,20 +150,20 @@ def test_state_auto_chooses_a_mode_that_fits_and_says_why(capsys, monkeypatch):
     assert got["memory"]["host_state_bytes_per_param"] == pytest.approx(6 + 8 / 256)
 
 
-def test_tune_and_sweep_take_the_state(capsys, tmp_path, monkeypatch):
+def test_tune_and_sweep_take_the_state(capsys, tmp_path, monkeypatch, unmeasured_h200):
     """tune --state auto writes the mode it chose and says why (fp32 here: see slidedp.state_choice); sweep
     --state gives one row per mode, the auto row the mode the rule picks, and says the compact rates are derived."""
     import pandas as pd
     import yaml
 
     monkeypatch.setenv("COLUMNS", "200")
-    problem = ["--model", "qwen3-4b", "--hardware", "h200-x1", "--seq", "4096", "--batch", "1"]
+    problem = ["--model", "qwen3-4b", "--hardware", unmeasured_h200, "--seq", "4096", "--batch", "1"]
     out = tmp_path / "p.yaml"
     code, text, err = run(capsys, "tune", *problem, "--chunks", "2", "--no-gpu-state", "--top-k", "1",
                           "--state", "auto", "--out", str(out))
     assert code == 0, err
     chosen = yaml.safe_load(out.read_text())["state"]
-    # h200-x1 has measured no compact update rate: exact state fits, and a derived rate buys no mode for speed.
+    # No compact update rate measured: exact state fits, and a derived rate buys no mode for speed.
     assert chosen == "fp32" and f"host state {chosen}" in text and "chosen by --state auto" in text
     assert "not chosen for speed" in text
     ranked = pd.read_csv(tmp_path / "p_ranked.csv")

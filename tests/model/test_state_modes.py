@@ -121,9 +121,15 @@ def test_tuner_stays_exact_by_default_and_chooses_a_mode_when_allowed():
     exact = tune(model, H200, 4096, 1, budget, SMALL_SPACE, refine_top=1)
     assert exact.best.policy.state == "fp32" and exact.state_choice is None
     assert {c.policy.state for c in exact.candidates} == {"fp32"}
-    unmeasured = tune(model, H200, 4096, 1, budget, replace(SMALL_SPACE, states=state_options("auto")), refine_top=1)
-    # The shipped profile has no measured compact rate: the derived ones may not buy a mode for speed.
+    no_rates = replace(H200, host=replace(H200.host, state_update_gparams_per_s={}))
+    unmeasured = tune(model, no_rates, 4096, 1, budget, replace(SMALL_SPACE, states=state_options("auto")),
+                      refine_top=1)
+    # No measured compact rate: the derived ones may not buy a mode for speed.
     assert unmeasured.best.policy.state == "fp32" and "not chosen for speed" in unmeasured.state_choice.reason
+    # The shipped profile's measured rates (2026-12-04): every compact mode updates slower than fp32 there.
+    shipped = tune(model, H200, 4096, 1, budget, replace(SMALL_SPACE, states=state_options("auto")), refine_top=1)
+    assert shipped.best.policy.state == "fp32"
+    assert all(t > shipped.state_choice.step_s["fp32"] for s, t in shipped.state_choice.step_s.items() if s != "fp32")
     # With every compact rate measured (here: equal to the bytes-derived rates), the rule may take one.
     curves = {s.name: {t: r * 28 / s.update_dram_bytes_per_param(2) for t, r in H200.host.adam_gparams_per_s.items()}
               for s in STATE_CHOICES if not s.is_exact}
