@@ -164,3 +164,26 @@ def test_multihost_scaling_writes_a_row_per_point_and_says_why(tmp_path):
     two = table[(table.hosts == 2) & (table.scaling == "weak")].set_index("layout")
     assert two.host_gib_per_host["sharded"] < two.host_gib_per_host["replicated"]
     assert "| llama-3-70b | weak | 1 | 2 | sharded |" in proc.stdout
+
+
+def test_chat_sft_driver_trains_chat_and_text_and_plots_the_tensorboard_curves(tmp_path, tiny_config):
+    """benchmarks/chat_sft.py on the CPU: stdlib functions become conversations, a BPE tokenizer with a chat
+    template is made, the chat run trains on answers with eval, the plain-text run on the same text, and the
+    curves come back from the TensorBoard event files."""
+    model = tmp_path / "tiny600.json"  # the BPE tokenizer made here needs 256 byte ids + merges + 3 specials
+    model.write_text(json.dumps(dict(json.loads(tiny_config.read_text()), vocab_size=600,
+                                     max_position_embeddings=512)))
+    out = tmp_path / "sft"
+    bench("chat_sft", "--model", model, "--device", "cpu", "--steps", "2", "--seq", "192", "--batch", "1",
+          "--eval-every", "1", "--vocab", "512", "--max-chars", "300", "--text-mb", "0.03", "--out", out)
+    rows = {r["run"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert set(rows) == {"chat", "text"} and all(r["rc"] == 0 and r["tokens_per_s"] > 0 for r in rows.values())
+    assert [s for s, _ in rows["chat"]["train_loss"]] == [1, 2] and len(rows["chat"]["eval_loss"]) == 2
+    assert rows["text"]["eval_loss"] == [] and len(rows["text"]["train_loss"]) == 2
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
+    assert "<|im_start|>" in tok.chat_template and tok.eos_token == "<|im_end|>"
+    first = json.loads((out / "data" / "chat.jsonl").read_text().splitlines()[0])
+    assert [m["role"] for m in first["messages"]] == ["system", "user", "assistant"]
+    assert (out / "chat_sft.png").exists() and "| chat |" in (out / "chat_sft.md").read_text()
