@@ -117,10 +117,16 @@ class HostState:
         return master, moments, moments
 
     @staticmethod
-    def _check(precision: StatePrecision, slot_dtype: torch.dtype, share) -> None:
-        if share is not None and not precision.is_exact:
+    def check_share_precision(precision: StatePrecision) -> None:
+        """A host that keeps only its share of master and moments (host_layout sharded) keeps them exact."""
+        if not precision.is_exact:
             raise SlideDPError(f"state {precision.name} with host_layout sharded across hosts is not supported: "
                                f"use --state fp32 or host_layout replicated")
+
+    @staticmethod
+    def _check(precision: StatePrecision, slot_dtype: torch.dtype, share) -> None:
+        if share is not None:
+            HostState.check_share_precision(precision)
         if precision.master_streams and slot_dtype != torch.bfloat16:
             raise SlideDPError(f"state {precision.name}: a bf16 master is the weight the device reads, so the "
                                f"compute dtype must be bf16 (use --dtype bf16 or auto)")

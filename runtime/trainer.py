@@ -138,6 +138,8 @@ class Trainer:
             raise SlideDPError(f"{s.world} ranks cannot be split evenly over {s.hosts} hosts")
         if s.hosts > 1 and s.policy.host_layout == "sharded" and s.policy.gpu_state_units:
             raise SlideDPError("host_layout sharded cannot yet hold units on the GPU: set gpu_state_units to 0")
+        if s.hosts > 1 and s.policy.host_layout == "sharded":
+            HostState.check_share_precision(s.policy.state_precision)  # before any rank starts
         if s.eval_every < 0:
             raise SlideDPError("--eval-every must be >= 0")
         check_logger(s.log)

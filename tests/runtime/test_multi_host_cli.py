@@ -121,6 +121,8 @@ def test_a_rank_killed_on_one_host_ends_both_hosts_without_leftovers(tmp_path):
     (("--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:1"), "must be below --nnodes 2"),
     (("--node-rank", "1"), "need --nnodes above 1"),
     (("--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1", "--keep", "2"), "--keep above 1"),
+    (("--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1", "--host-layout", "sharded", "--state", "fp32+int8"),
+     "with host_layout sharded across hosts is not supported"),
 ])
 def test_hosts_flags_are_checked_in_one_line(tmp_path, capsys, flags, message):
     from slidedp.cli import main
