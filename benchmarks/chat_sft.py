@@ -91,9 +91,14 @@ def conversations(root: Path, limit_mb: float, max_chars: int) -> tuple[list[dic
     return records, what
 
 
-def render(messages: list[dict]) -> str:
-    """The ChatML text the template renders (the plain-text run trains on exactly these characters)."""
-    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+def render(chats: list[list[dict]]) -> list[str]:
+    """The text the chat template renders for each conversation (the tokenizer is trained on it and the plain-text
+    run trains on exactly these characters): CHATML itself, through jinja2 as transformers renders it, so the
+    format has one home; compiled once."""
+    import jinja2
+
+    template = jinja2.Template(CHATML)
+    return [template.render(messages=messages, add_generation_prompt=False) for messages in chats]
 
 
 def make_tokenizer(texts: list[str], vocab: int, directory: Path) -> Path:
@@ -132,9 +137,10 @@ def prepare(args: argparse.Namespace) -> tuple[Path, Path, Path, Path, str]:
     data.mkdir(parents=True, exist_ok=True)
     chat = _write_jsonl(data / "chat.jsonl", train)
     chat_eval = _write_jsonl(data / "chat_eval.jsonl", held)
+    rendered = render([r["messages"] for r in train])
     text = data / "chat_as_text.txt"
-    text.write_text("".join(render(r["messages"]) for r in train), encoding="utf-8")
-    tokenizer = make_tokenizer([render(r["messages"]) for r in train], args.vocab, args.out / "tokenizer")
+    text.write_text("".join(rendered), encoding="utf-8")
+    tokenizer = make_tokenizer(rendered, args.vocab, args.out / "tokenizer")
     return chat, chat_eval, text, tokenizer, f"{what}; {len(train):,} train / {len(held):,} eval conversations"
 
 

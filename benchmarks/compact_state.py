@@ -151,10 +151,10 @@ def part_finetune(args: argparse.Namespace) -> None:
     runs = args.out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     curves = {}
+    policy = runs / f"finetune-policy-b{args.batches[0]}-m{args.micro_batch}.yaml"  # one for every mode
+    default_policy(args.batches[0], 1, max_micro_batch=args.micro_batch).save(policy)
     for state in args.states:
         run_dir = runs / f"finetune-{model_label(args.model)}-{state}"
-        policy = runs / f"finetune-policy-b{args.batches[0]}-m{args.micro_batch}.yaml"
-        default_policy(args.batches[0], 1, max_micro_batch=args.micro_batch).save(policy)
         cmd = [sys.executable, "-m", "slidedp.cli", "train", "--model", args.model, "--data", str(text), "--seq",
                str(args.seq), "--batch", str(args.batches[0]), "--policy", str(policy), "--steps", str(args.steps),
                "--state", state,
