@@ -179,7 +179,8 @@ def compute_profile(gpu, samples: list[tuple[str, int, int, float, float]], warn
 # The fitted families of ComputeCurves: a family whose value is not credible falls back to the base as a whole.
 CURVE_FAMILIES: dict[str, tuple[str, ...]] = {
     "GEMM": ("gemm_tflops", "gemm_half_m", "gemm_half_n", "gemm_half_k", "kernel_us"),
-    "attention": ("attention_fwd_tflops", "attention_bwd_tflops", "attention_half_seq"),
+    "attention": ("attention_fwd_tflops", "attention_bwd_tflops", "attention_half_seq", "attention_fwd_us",
+                  "attention_bwd_us"),
     "memory-bound": ("memory_gbps", "memory_gbps_by_kind", "memory_kernel_us"),
 }
 

@@ -2,7 +2,7 @@
 
 Each family is fitted to its own samples, in relative error, so a fast small kernel counts as much as a
 slow big one: GEMMs give the asymptotic rate, the three half-efficiency dimensions and the per-kernel
-cost; attention its forward and backward rates and half-efficiency sequence length (kernel cost held);
+cost; attention its forward and backward rates, half-efficiency sequence length and fixed cost per call;
 memory-bound modules the achieved bandwidth (kernel cost held); whole decoder layers of a calibration
 model the per-pass overhead that the operations leave unexplained. Every fitted value is checked against
 what a GPU can physically do; a value that is not credible is reported, not silently kept.
@@ -74,6 +74,7 @@ def fit_curves(samples: ShapeSamples, peak_tflops: float, peak_memory_gbps: floa
 
     att_fwd = att_bwd = gemm_tflops
     half_seq = 0.0
+    att_fwd_us = att_bwd_us = None
     if samples.attention:
         a_ops = [op for op, _ in samples.attention]
         a_t = np.array([t for _, t in samples.attention])
@@ -81,20 +82,20 @@ def fit_curves(samples: ShapeSamples, peak_tflops: float, peak_memory_gbps: floa
         a_seq = np.array([op.seq for op in a_ops], dtype=float)
         a_bwd = np.array([op.backward for op in a_ops])
 
-        def att_pred(x):
+        def att_pred(x):  # x: forward rate, backward rate, half-efficiency seq, fixed us forward, backward
             rate = np.where(a_bwd, x[1], x[0])
-            return a_f / (rate * 1e12 * a_seq / (a_seq + x[2])) + kernel_us * 1e-6
+            return a_f / (rate * 1e12 * a_seq / (a_seq + x[2])) + np.where(a_bwd, x[4], x[3]) * 1e-6
 
         r0 = float(np.median(a_f / a_t)) / 1e12
         if a_bwd.any() and not a_bwd.all():
-            x = _solve(lambda x: np.log(att_pred(x) / a_t), [r0, r0, 256.0], [1e-6, 1e-6, 0],
-                       [peak_tflops, peak_tflops, 1e6])
-        else:  # one direction measured: both get its rate
-            x1 = _solve(lambda x: np.log(att_pred([x[0], x[0], x[1]]) / a_t), [r0, 256.0], [1e-6, 0],
-                        [peak_tflops, 1e6])
-            x = [x1[0], x1[0], x1[1]]
+            x = _solve(lambda x: np.log(att_pred(x) / a_t), [r0, r0, 256.0, kernel_us, kernel_us],
+                       [1e-6, 1e-6, 0, 0, 0], [peak_tflops, peak_tflops, 1e6, 1e4, 1e4])
+        else:  # one direction measured: both get its rate and fixed cost
+            x1 = _solve(lambda x: np.log(att_pred([x[0], x[0], x[1], x[2], x[2]]) / a_t), [r0, 256.0, kernel_us],
+                        [1e-6, 0, 0], [peak_tflops, 1e6, 1e4])
+            x = [x1[0], x1[0], x1[1], x1[2], x1[2]]
             warnings.append("attention: only one direction measured; forward and backward share its rate")
-        att_fwd, att_bwd, half_seq = (float(v) for v in x)
+        att_fwd, att_bwd, half_seq, att_fwd_us, att_bwd_us = (float(v) for v in x)
         residuals["attention"] = _rel_rms(att_pred(x), a_t)
 
     memory_gbps, memory_kernel_us = peak_memory_gbps * 0.7, kernel_us
@@ -130,7 +131,8 @@ def fit_curves(samples: ShapeSamples, peak_tflops: float, peak_memory_gbps: floa
     curves = ComputeCurves(gemm_tflops=gemm_tflops, gemm_half_m=hm, gemm_half_n=hn, gemm_half_k=hk,
                            attention_fwd_tflops=att_fwd, attention_bwd_tflops=att_bwd, attention_half_seq=half_seq,
                            memory_gbps=memory_gbps, kernel_us=kernel_us, layer_overhead_us=0.0,
-                           memory_gbps_by_kind=by_kind, memory_kernel_us=memory_kernel_us)
+                           memory_gbps_by_kind=by_kind, memory_kernel_us=memory_kernel_us,
+                           attention_fwd_us=att_fwd_us, attention_bwd_us=att_bwd_us)
     passes = {}
     if samples.layers:
         for direction in ("fwd", "bwd"):

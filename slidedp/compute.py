@@ -96,8 +96,16 @@ class ComputeCurves:
 
     GEMM time = flops / (gemm_tflops x efficiency) + kernel_us, with efficiency 1 / (1 + m_half/M +
     n_half/N + k_half/K): each small dimension costs occupancy or reuse on its own. Attention runs at its
-    forward or backward rate times seq / (seq + attention_half_seq), plus one kernel. Memory-bound kernels
-    move their bytes at ``memory_gbps`` plus kernel_us each.
+    forward or backward rate times seq / (seq + attention_half_seq), plus a fixed cost per call and
+    direction (``attention_fwd_us``, ``attention_bwd_us``). Memory-bound kernels move their bytes at
+    ``memory_gbps`` plus kernel_us each.
+
+    Why attention has fixed costs of its own: SDPA's backward is several kernels (the dO.O preprocessing,
+    the fp32 dQ accumulator's conversion, the grouped-KV reductions), a fixed ~0.3 ms on the H200 that a GEMM's
+    kernel_us does not describe. Without that term the only way a fit could explain slow short sequences was a
+    large attention_half_seq, i.e. a rate still rising far beyond the longest sample: the 2026-12-03 fit put the
+    asymptote at 793 TF/s forward where every sample from 16K to 32K tokens ran at 611-613, and under-priced
+    attention at 256K tokens by about a quarter (benchmarks/RESULTS.md, "Attention at long sequences").
 
     A decoder layer's pass cannot finish before the CPU has issued its kernels (eager Python through
     the HF module: ``layer_dispatch_us`` forward, ``backward_dispatch_us`` backward), and pays a fixed
@@ -125,6 +133,10 @@ class ComputeCurves:
     # Fixed cost per memory-bound kernel (launch and dispatch of a small eager op), apart from kernel_us,
     # which prices GEMM and attention kernels; None: kernel_us for both.
     memory_kernel_us: float | None = None
+    # Fixed cost of one attention call, forward and backward (None: kernel_us, as profiles fitted before
+    # these fields existed priced it).
+    attention_fwd_us: float | None = None
+    attention_bwd_us: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("gemm_tflops", "attention_fwd_tflops", "attention_bwd_tflops", "memory_gbps"):
@@ -136,9 +148,10 @@ class ComputeCurves:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
                 raise SlideDPError(f"gpu.compute.{name} must be a finite number >= 0, got {value!r}")
-        if self.memory_kernel_us is not None and not 0 <= self.memory_kernel_us < float("inf"):
-            raise SlideDPError(f"gpu.compute.memory_kernel_us must be a finite number >= 0, "
-                               f"got {self.memory_kernel_us!r}")
+        for name in ("memory_kernel_us", "attention_fwd_us", "attention_bwd_us"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
+                raise SlideDPError(f"gpu.compute.{name} must be a finite number >= 0, got {value!r}")
         for kind, value in self.memory_gbps_by_kind.items():
             if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
                 raise SlideDPError(f"gpu.compute.memory_gbps_by_kind.{kind} must be a finite positive number, "
@@ -150,8 +163,9 @@ class ComputeCurves:
 
     def attention_seconds(self, op: Attention) -> float:
         rate = self.attention_bwd_tflops if op.backward else self.attention_fwd_tflops
+        fixed_us = self.attention_bwd_us if op.backward else self.attention_fwd_us
         eff = op.seq / (op.seq + self.attention_half_seq)
-        return op.flops / (rate * 1e12 * eff) + self.kernel_us * 1e-6
+        return op.flops / (rate * 1e12 * eff) + (self.kernel_us if fixed_us is None else fixed_us) * 1e-6
 
     def elementwise_seconds(self, op: Elementwise) -> float:
         gbps = self.memory_gbps_by_kind.get(MEASURED_KIND.get(op.name, ""), self.memory_gbps)

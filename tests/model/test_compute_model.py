@@ -17,7 +17,8 @@ from slidedp.units import build_units
 
 CURVES = c.ComputeCurves(gemm_tflops=700.0, gemm_half_m=120.0, gemm_half_n=60.0, gemm_half_k=90.0,
                          attention_fwd_tflops=450.0, attention_bwd_tflops=330.0, attention_half_seq=900.0,
-                         memory_gbps=3300.0, kernel_us=6.0, layer_overhead_us=150.0, backward_overhead_us=400.0)
+                         memory_gbps=3300.0, kernel_us=6.0, layer_overhead_us=150.0, backward_overhead_us=400.0,
+                         attention_fwd_us=40.0, attention_bwd_us=250.0)
 
 ARCHS = {
     "llama": ModelSpec("llama", 4, 3072, 8192, 24, 8, 128, 128256),
@@ -120,6 +121,20 @@ def test_fit_recovers_known_curves_from_noisy_samples(noise):
             assert got.total_seconds(ops_b) == pytest.approx(CURVES.total_seconds(ops_b), rel=0.05 + noise)
     assert all(r < 0.02 + 2 * noise for r in fit.residuals.values())
     assert not [w for w in fit.warnings if "not credible" in w]
+    # Attention far beyond the longest sample (32K) and at the shortest, where the fixed cost per call
+    # dominates: both priced like the true curves, in each direction.
+    for seq, batch in ((262144, 1), (1024, 1)):
+        for backward in (False, True):
+            op = c.Attention(batch, seq, 40, 8, 128, backward)
+            assert got.seconds(op) == pytest.approx(CURVES.seconds(op), rel=0.03 + 2 * noise)
+
+
+def test_attention_fixed_cost_defaults_to_the_kernel_cost():
+    """Profiles fitted before the attention fixed costs existed price attention exactly as they did."""
+    old = replace(CURVES, attention_fwd_us=None, attention_bwd_us=None)
+    op = c.Attention(1, 4096, 32, 8, 128, backward=True)
+    assert old.seconds(op) - replace(old, kernel_us=0.0).seconds(op) == pytest.approx(old.kernel_us * 1e-6)
+    assert CURVES.seconds(op) - replace(CURVES, attention_bwd_us=0.0).seconds(op) == pytest.approx(250e-6)
 
 
 def test_a_fit_that_runs_into_the_chips_peak_is_flagged():
@@ -132,7 +147,8 @@ def test_curves_reject_non_physical_values():
     from slidedp.errors import SlideDPError
 
     for bad in (dict(gemm_tflops=0.0), dict(memory_gbps=float("inf")), dict(kernel_us=-1.0),
-                dict(attention_half_seq=float("nan"))):
+                dict(attention_half_seq=float("nan")), dict(attention_bwd_us=-5.0),
+                dict(attention_fwd_us=float("inf"))):
         with pytest.raises(SlideDPError):
             replace(CURVES, **bad)
 

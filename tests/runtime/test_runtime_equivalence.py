@@ -205,4 +205,8 @@ def test_embedding_is_not_fetched_again_for_backward(tmp_path):
         assert (h2d.unit == 0).sum() == 3 and (h2d.unit == 1).sum() == 6
     ref_losses, ref_final = reference_training(adapter, initial, data, policy.micro_batch)
     assert [s.loss for s in stats] == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
-    torch.testing.assert_close(host.master, ref_final, rtol=1e-5, atol=2e-6)
+    # Each element's total update within 0.5% of plain PyTorch's: an element whose gradient is near Adam's eps
+    # moves by a ratio that float reassociation can shift (on an AVX-512 CPU one element of 34,128 lands 4e-6
+    # from the reference, 0.25% of its 1.7e-3 update, the rest within 6e-8); a fetch that dropped the
+    # embedding's gradient or trained on stale weights would miss by whole updates.
+    torch.testing.assert_close(host.master - initial, ref_final - initial, rtol=5e-3, atol=2e-6)
