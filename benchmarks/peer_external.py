@@ -8,6 +8,10 @@ peak RSS at exit), on inputs it prepares once per model in ``OUT/peer_inputs``: 
 model saved with ``save_pretrained`` (bf16), a word-level tokenizer (MegaTrain's data path needs one with a chat
 template; no hub), SlideFormer's packed token file and MegaTrain's alpaca-format dataset and YAML config.
 
+A peer's folder may hold wheels only its own process is to see (``wheels/``: SlideFormer's pinned transformers,
+which the image's newer one would break; peer_external_setup.PRIVATE_WHEELS): they are installed once into the
+folder's ``site/`` (pip, no index) and put first on the peer's PYTHONPATH, leaving this process's packages alone.
+
 Step times come from the peer's own output: MegaTrain prints each step's wall time (``Time: 1.23s``, forward and
 backward before the optimizer step included, synchronised by its CPU optimizer); SlideFormer prints one
 ``step=N`` line per step after waiting for every layer's update, so its step time is the gap between consecutive
@@ -21,6 +25,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -41,6 +46,8 @@ PROBE = Path(__file__).resolve().parent / "peer_probe.py"
 PROBE_MARKER = "PEER_PROBE"
 TOKENIZER_WORDS = 1000  # word-level vocabulary of the synthetic tokenizer (ids 0-1 are pad and eos)
 SETUP_HINT = "python -m benchmarks.peer_external_setup --help"
+PRIVATE_WHEELS_DIR = "wheels"  # in a peer's folder: wheels only its process sees (peer_external_setup.PRIVATE_WHEELS)
+PRIVATE_SITE = "site"  # where install_private_wheels puts them; first on the peer's PYTHONPATH
 
 Lines = list[tuple[float, str]]  # (monotonic seconds when the line arrived, line)
 
@@ -200,9 +207,12 @@ def megatrain_arguments(inputs: PeerInputs, script: Path, batch: int, steps: int
 
 SLIDEFORMER = ExternalPeer(
     name="slideformer", folder="slideformer", script="multi_gpu/scripts/main_dp.py", python_path=(),
-    modules=("transformers", "liger_kernel", "ninja"),
+    modules=("transformers", "liger_kernel", "triton", "ninja"),
     optimizer="SlideFormer LayerAdam (its own C++ CPU Adam, adapted from DeepSpeed's), per layer during backward",
     differences=(
+        "attention: eager where its main_dp.py takes no --attn-implementation (the e577d1aa release hard-codes "
+        "it), else SDPA",
+        "its process imports transformers 5.5.4 (its pin; carried in its folder), not the image's",
         "no global gradient clipping: each layer is updated as soon as its gradient lands",
         "no gradient accumulation: one optimizer step per backward",
         "AdamW betas (0.9, 0.999) and weight decay 0.01 are fixed in main_dp.py (others: 0.9/0.95, 0.0)",
@@ -348,11 +358,35 @@ def run_logged(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float, l
     return (None if stopped.is_set() else code), lines
 
 
+def install_private_wheels(folder: Path) -> str | None:
+    """Install the wheels of ``folder/wheels`` into ``folder/site`` (once per set of wheels: a stamp names them);
+    the reason where pip fails, else None. Nothing to do for a folder without private wheels."""
+    wheels = sorted((folder / PRIVATE_WHEELS_DIR).glob("*.whl"))
+    if not wheels:
+        return None
+    site = folder / PRIVATE_SITE
+    stamp = site / ".installed"
+    names = "\n".join(w.name for w in wheels)
+    if stamp.is_file() and stamp.read_text() == names:
+        return None
+    shutil.rmtree(site, ignore_errors=True)
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                           "--disable-pip-version-check", "--target", str(site), *map(str, wheels)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return f"installing its private wheels failed: {last[:160]}"
+    stamp.write_text(names)
+    return None
+
+
 def peer_env(peer: ExternalPeer, folder: Path, port: int) -> dict[str, str]:
     """One rank of a single-process group (SlideFormer's script initialises gloo from the environment), the
-    peer's folders first on PYTHONPATH, unbuffered output so the step lines arrive when printed."""
+    peer's private site and folders first on PYTHONPATH, unbuffered output so the step lines arrive when
+    printed."""
     env = dict(os.environ)
-    paths = [str((folder / p).resolve()) for p in peer.python_path]
+    site = [str((folder / PRIVATE_SITE).resolve())] if (folder / PRIVATE_SITE).is_dir() else []
+    paths = site + [str((folder / p).resolve()) for p in peer.python_path]
     env["PYTHONPATH"] = os.pathsep.join([*paths, env["PYTHONPATH"]] if env.get("PYTHONPATH") else paths)
     env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
@@ -393,7 +427,7 @@ def run_external_peer(args, emit, peer: ExternalPeer) -> None:
     if args.gpus != 1:
         rows_for_all(f"not run ({peer.name} runs on one GPU here)")
         return
-    reason = why_not_runnable(peer, peers_dir)
+    reason = why_not_runnable(peer, peers_dir) or install_private_wheels(folder)
     if reason:
         rows_for_all(f"not run ({reason})")
         return

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 
 import pytest
 
@@ -25,7 +27,7 @@ from benchmarks.peer_external import (
     prepare_inputs,
     run_external_peer,
 )
-from benchmarks.peer_external_setup import lay_out
+from benchmarks.peer_external_setup import CPU_ADAM_BINDINGS, download_commands, lay_out
 from slidedp.report.peers import load_rows, speedups, table_markdown
 from tests.builders import REPO, TINY
 
@@ -125,13 +127,16 @@ def prepared(tmp_path_factory):
     return config, inputs
 
 
-def _run(peer, prepared, peers_dir, batches=(1, 2, 4), gpus=1, modules=()):
+def _run(peer, prepared, peers_dir, batches=(1, 2, 4), gpus=1, modules=(), python_path=None):
     config, inputs = prepared
     args = argparse.Namespace(model=str(config), seq=16, batches=list(batches), steps=3,
                               out=str(inputs.workdir.parent), device="cpu", port=29999, gpus=gpus,
                               peers_dir=str(peers_dir), batch_timeout=120, peer_inputs=str(inputs.workdir))
     rows: list[dict] = []
-    run_external_peer(args, rows.append, dataclasses.replace(peer, modules=modules))
+    with pytest.MonkeyPatch.context() as mp:
+        if python_path is not None:
+            mp.setenv("PYTHONPATH", python_path)
+        run_external_peer(args, rows.append, dataclasses.replace(peer, modules=modules))
     return rows
 
 
@@ -259,3 +264,99 @@ def test_paper_predictions_label_the_stand_in_rate_and_divide_like_the_report(ti
     table = markdown(pred, [1, 2], measured_steps(rows, str(tiny_config), 64))
     assert "+10.0% |" in next(line for line in table.splitlines() if line.startswith("| zero2-offload | 1 |"))
     assert next(line for line in table.splitlines() if line.startswith("| megatrain | 2 |")).endswith(" oom | - |")
+
+
+# A stand-in for SlideFormer's optimizer sources as the search index holds them (no csrc/cpu_adam.cpp): what the
+# binding step reads is the names layer_adam.py calls and the functions the C++ files define and declare.
+FAKE_LAYER_ADAM = """
+class LayerAdam:
+    def __init__(self, ext):
+        self.cpu_adam = ext
+        self.cpu_adam.create_adam(0, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, False)
+    def step_chunk(self, p, g, m, v, group):
+        self.cpu_adam.adam_update(0, 1, 1e-3, 0.9, 0.999, 1e-8, 0.0, True, p, g, m, v)
+    def __del__(self):
+        self.cpu_adam.destroy_adam(0)
+"""
+_FUNCS = ("create_adam_optimizer", "ds_adam_step", "destroy_adam_optimizer")
+FAKE_ADAM_CPP = {"csrc/cpu_adam.h": "".join(f"int {f}(int id);\n" for f in _FUNCS),
+                 "csrc/cpu_adam_impl.cpp": "".join(f"int {f}(int id) {{ return 0; }}\n" for f in _FUNCS)}
+
+
+def _fake_slideformer_source(root, layer_adam=FAKE_LAYER_ADAM):
+    adam = root / "multi_gpu/optimizer/layer_adam"
+    files = {"multi_gpu/scripts/main_dp.py": "print('main')\n", "multi_gpu/optimizer/layer_adam/layer_adam.py":
+             layer_adam, **{f"multi_gpu/optimizer/layer_adam/{k}": v for k, v in FAKE_ADAM_CPP.items()}}
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    digest = hashlib.sha256(b"print('main')\n").hexdigest()
+    (root / "multi_gpu/SHA256SUMS").write_text(f"{digest}  scripts/main_dp.py\n{'0' * 64}  optimizer/layer_adam/csrc/"
+                                                f"cpu_adam.cpp\n{'1' * 64}  README.md\n")
+    (root / "INDEX_VERSIONS.json").write_text(json.dumps({"tree_commit": "e577d1aa", "files": {
+        p: "e577d1aa" for p in [*files, "multi_gpu/SHA256SUMS"]}, "absent": {"multi_gpu/README.md": "not read"}}))
+    return adam
+
+
+def test_setup_writes_slideformers_missing_cpu_adam_binding_and_records_it(tmp_path):
+    """A SlideFormer tree without csrc/cpu_adam.cpp (the index holds none) gets our binding of the three functions
+    under the names layer_adam.py calls, recorded in SOURCE.json with the index's commits and the SHA256SUMS
+    check; a tree whose layer_adam.py calls a name the binding lacks gets none, and says why."""
+    _fake_slideformer_source(tmp_path / "src")
+    info = lay_out("slideformer", tmp_path / "src", tmp_path / "peers")
+    binding = tmp_path / "peers/slideformer/multi_gpu/optimizer/layer_adam/csrc/cpu_adam.cpp"
+    text = binding.read_text()
+    assert '#include "cpu_adam.h"' in text and "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)" in text
+    assert [line.strip() for line in text.splitlines() if "m.def(" in line] == [
+        f'm.def("{py}", &{cpp}, "{cpp} (cpu_adam_impl.cpp)");' for py, cpp in CPU_ADAM_BINDINGS.items()]
+    assert set(CPU_ADAM_BINDINGS) == {"create_adam", "adam_update", "destroy_adam"}
+    entry = info["reconstructed"]["multi_gpu/optimizer/layer_adam/csrc/cpu_adam.cpp"]
+    assert entry["written"] and entry["sha256"] == hashlib.sha256(text.encode()).hexdigest()
+    saved = json.loads((tmp_path / "peers/slideformer/SOURCE.json").read_text())
+    assert saved["reconstructed"] == info["reconstructed"] and saved["commit"] == "e577d1aa"
+    assert saved["versions"]["multi_gpu/scripts/main_dp.py"] == "e577d1aa"
+    assert saved["absent_from_index"] == {"multi_gpu/README.md": "not read"}
+    assert saved["sha256sums"]["multi_gpu/SHA256SUMS"] == {
+        "matched": 1, "differs": ["optimizer/layer_adam/csrc/cpu_adam.cpp"], "absent": ["README.md"]}
+    again = lay_out("slideformer", tmp_path / "peers/slideformer", tmp_path / "peers2")  # has one: left alone
+    assert "reconstructed" not in again
+    _fake_slideformer_source(tmp_path / "odd", FAKE_LAYER_ADAM + "\nx = ext.cpu_adam.adam_update_fused(0)\n")
+    odd = lay_out("slideformer", tmp_path / "odd", tmp_path / "peers3")
+    entry = odd["reconstructed"]["multi_gpu/optimizer/layer_adam/csrc/cpu_adam.cpp"]
+    assert not entry["written"] and "adam_update_fused" in entry["why_not"]
+    assert not (tmp_path / "peers3/slideformer/multi_gpu/optimizer/layer_adam/csrc/cpu_adam.cpp").exists()
+
+
+def _wheel(folder, module: str, text: str):
+    """A minimal pure-Python wheel of one module (pip installs it without an index)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    info = f"{module}-1.0.dist-info"
+    files = {f"{module}.py": text, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{p},,\n" for p in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(folder / f"{module}-1.0-py3-none-any.whl", "w") as z:
+        for path, body in files.items():
+            z.writestr(path, body)
+
+
+def test_a_peers_private_wheels_are_installed_in_its_folder_and_seen_first_by_its_process(tmp_path, prepared):
+    """SlideFormer's pinned transformers must not replace the image's for everything else: wheels in the peer's
+    ``wheels/`` go into its ``site/`` and only its process sees them, ahead of the rest of PYTHONPATH."""
+    peers = _fake_peers(tmp_path / "peers")
+    script = peers / "slideformer/multi_gpu/scripts/main_dp.py"
+    script.write_text("import sf_private_probe\nassert sf_private_probe.VALUE == 7\n" + script.read_text())
+    _wheel(peers / "slideformer/wheels", "sf_private_probe", "VALUE = 7\n")
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "sf_private_probe.py").write_text("VALUE = 1\n")  # what the harness's own PYTHONPATH would give
+    rows = _run(SLIDEFORMER, prepared, peers, batches=(1,), python_path=str(shadow))
+    assert rows[0]["status"] == "ok"
+    assert (peers / "slideformer/site/.installed").read_text() == "sf_private_probe-1.0-py3-none-any.whl"
+    (peers / "slideformer/wheels/sf_private_probe-1.0-py3-none-any.whl").write_bytes(b"not a zip")
+    (peers / "slideformer/wheels/broken-1.0-py3-none-any.whl").write_bytes(b"not a zip")
+    rows = _run(SLIDEFORMER, prepared, peers, batches=(1,))
+    assert rows[0]["status"].startswith("not run (installing its private wheels failed")
+    cmds = download_commands(["slideformer"], tmp_path / "whl", tmp_path / "p")
+    assert [c[-1] for c in cmds] == ["liger-kernel==0.7.0", "transformers==5.5.4", "tokenizers==0.22.2"]
+    private = str(tmp_path / "p/slideformer/wheels")
+    assert [c[c.index("-d") + 1] for c in cmds] == [str(tmp_path / "whl"), private, private]
