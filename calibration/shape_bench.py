@@ -2,8 +2,9 @@
 
 The grid spans the shapes decoder layers of any common width produce (GEMMs from 256 to 16K rows, widths
 1K to 150K; causal flash attention from 1K to 32K tokens with grouped KV heads; the eager Hugging Face
-memory-bound modules), not one target model, so the fitted curves price a model nobody calibrated on.
-Whole decoder layers of a calibration model are timed too, only to fit the per-pass overhead.
+memory-bound modules; one chunk of the runtime's loss head over the vocabularies of the common families), not
+one target model, so the fitted curves price a model nobody calibrated on. Whole decoder layers of a calibration
+model are timed too, only to fit the per-pass overhead.
 
 Timing: CUDA events around each run after a warm-up, median of ``repeats``; on a CPU the host clock, fp32
 and a small grid (the path the tests use). Every benchmark is bounded: a shape whose warm-up run takes
@@ -36,6 +37,9 @@ GPU_ATTENTION = ((1, 1024, 32, 8, 128), (4, 1024, 16, 2, 128), (1, 2048, 24, 8, 
                  (1, 4096, 16, 8, 64), (1, 8192, 32, 8, 128), (1, 16384, 16, 4, 128), (1, 32768, 32, 8, 128))
 CPU_ATTENTION = ((1, 32, 4, 2, 8), (2, 64, 4, 4, 16), (1, 128, 2, 1, 16))
 GPU_ELEMENTWISE = ((4096, 2048), (16384, 4096), (65536, 4096), (32768, 8192))  # (tokens, width)
+# One loss-head chunk (tokens, hidden, vocab): the vocabularies of Qwen, Llama 3 and Mistral at their widths.
+GPU_HEADS = ((4096, 2048, 151936), (4096, 4096, 128256), (2048, 5120, 32000), (4096, 2560, 151936))
+CPU_HEADS = ((32, 16, 300), (64, 32, 500))
 CPU_ELEMENTWISE = ((256, 64), (1024, 128))
 
 
@@ -135,6 +139,30 @@ def elementwise_samples(timer: Timer, dtype: torch.dtype, shapes) -> list[tuple[
     return out
 
 
+def head_samples(timer: Timer, dtype: torch.dtype, shapes) -> list[tuple[tuple[int, int, int], list, float]]:
+    """One chunk of the runtime's own loss head (runtime.loss_head.LossHead: final norm, lm_head, cross-entropy
+    and the gradients it produces in forward, fp32 weight-gradient accumulation included) per shape."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from slidedp.calibration.shape_fit import head_sample
+    from slidedp.runtime.loss_head import LossHead
+
+    out = []
+    for tokens, hidden, vocab in shapes:
+        head = LossHead(Qwen3RMSNorm(hidden).to(device=timer.device, dtype=dtype), tokens)
+        h = torch.randn(1, tokens, hidden, dtype=dtype, device=timer.device)
+        labels = torch.randint(0, vocab, (1, tokens), device=timer.device)
+        wn = torch.ones(hidden, dtype=dtype, device=timer.device, requires_grad=True)
+        w_out = (torch.randn(vocab, hidden, dtype=dtype, device=timer.device) * 0.02).requires_grad_()
+        grads = {"norm": torch.zeros(hidden, device=timer.device), "out": torch.zeros(vocab * hidden,
+                                                                                        device=timer.device)}
+        seconds = timer.seconds(lambda head=head, h=h, labels=labels, wn=wn, w_out=w_out, grads=grads, tokens=tokens:
+                                head.loss_and_grads(h, labels, wn, w_out, 1.0 / tokens, grads))
+        out.append(head_sample(tokens, hidden, vocab, seconds))
+        del h, w_out, grads
+    return out
+
+
 def layer_pass_times(timer: Timer, dtype: torch.dtype, model: str, grid) -> Iterator[tuple[int, int, float, float]]:
     """Yield (seq, batch, forward s, backward s) of one decoder layer of ``model`` per grid point, through the
     runtime's own functional layer call; backward = (forward + backward) - forward, with weight and input
@@ -193,7 +221,7 @@ def shape_samples(layer_model: str | None = None, quick: bool = False, progress:
     gemms = GPU_GEMMS if cuda else CPU_GEMMS
     if quick and cuda:
         gemms = tuple(s for s in gemms if s[0] in (1024, 4096))
-    steps = 4 if layer_model else 3
+    steps = 5 if layer_model else 4
     samples = ShapeSamples()
     samples.gemm = gemm_samples(timer, dtype, gemms)
     if progress:
@@ -205,9 +233,12 @@ def shape_samples(layer_model: str | None = None, quick: bool = False, progress:
     samples.elementwise = elementwise_samples(timer, dtype, GPU_ELEMENTWISE if cuda else CPU_ELEMENTWISE)
     if progress:
         progress(3, steps)
+    samples.heads = head_samples(timer, dtype, (GPU_HEADS[:2] if quick else GPU_HEADS) if cuda else CPU_HEADS)
+    if progress:
+        progress(4, steps)
     if layer_model:
         grid = ([(1024, 1), (4096, 1), (4096, 4), (16384, 1)] if cuda else [(32, 1), (64, 2)])
         samples.layers = layer_samples(timer, dtype, layer_model, grid)
         if progress:
-            progress(4, steps)
+            progress(5, steps)
     return samples

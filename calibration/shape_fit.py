@@ -3,8 +3,9 @@
 Each family is fitted to its own samples, in relative error, so a fast small kernel counts as much as a
 slow big one: GEMMs give the asymptotic rate, the three half-efficiency dimensions and the per-kernel
 cost; attention its forward and backward rates, half-efficiency sequence length and fixed cost per call;
-memory-bound modules the achieved bandwidth (kernel cost held); whole decoder layers of a calibration
-model the per-pass overhead that the operations leave unexplained. Every fitted value is checked against
+memory-bound modules the achieved bandwidth (kernel cost held); chunks of the loss head the achieved
+bandwidth of its logits chain; whole decoder layers of a calibration model the per-pass overhead that the
+operations leave unexplained. Every fitted value is checked against
 what a GPU can physically do; a value that is not credible is reported, not silently kept.
 """
 
@@ -29,6 +30,8 @@ class ShapeSamples:
     elementwise: list[tuple[Elementwise, float]] = field(default_factory=list)
     # (name, ops of one pass, seconds): whole units of calibration models, forward or backward
     layers: list[tuple[str, list[ComputeOp], float]] = field(default_factory=list)
+    # ((tokens, hidden, vocab), forward + backward ops, seconds): one chunk of the runtime's loss head
+    heads: list[tuple[tuple[int, int, int], list[ComputeOp], float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,8 @@ def fit_curves(samples: ShapeSamples, peak_tflops: float, peak_memory_gbps: floa
                            memory_gbps=memory_gbps, kernel_us=kernel_us, layer_overhead_us=0.0,
                            memory_gbps_by_kind=by_kind, memory_kernel_us=memory_kernel_us,
                            attention_fwd_us=att_fwd_us, attention_bwd_us=att_bwd_us)
+    if samples.heads:
+        curves = _fit_logits(curves, samples.heads, peak_memory_gbps, residuals)
     passes = {}
     if samples.layers:
         for direction in ("fwd", "bwd"):
@@ -182,13 +187,30 @@ def fit_curves(samples: ShapeSamples, peak_tflops: float, peak_memory_gbps: floa
     return ShapeFit(curves, residuals, tuple(warnings))
 
 
+def _fit_logits(curves: ComputeCurves, heads, peak_memory_gbps: float, residuals: dict) -> ComputeCurves:
+    """The achieved bandwidth of the loss's logits chain (fp32 upcast, log-softmax, gather and their backward:
+    compute.LOGITS_BYTES per logit), fitted to timed loss-head chunks once the GEMM and norm curves are known:
+    the head is the one unit no other family covers, and pricing its chain at the generic bandwidth left every
+    measured H200 run's head ~8% short (benchmarks/RESULTS.md, "Attention at long sequences")."""
+    meas = np.array([t for _, _, t in heads])
+
+    def pred(y):
+        trial = replace(curves, memory_gbps_by_kind={**curves.memory_gbps_by_kind, "logits": float(y[0])})
+        return np.array([trial.total_seconds(ops) for _, ops, _ in heads])
+
+    y = _solve(lambda y: np.log(pred(y) / meas), [curves.memory_gbps], [1e-3], [peak_memory_gbps])
+    residuals["heads"] = _rel_rms(pred(y), meas)
+    return replace(curves, memory_gbps_by_kind={**curves.memory_gbps_by_kind, "logits": float(y[0])})
+
+
 def samples_to_json(samples: ShapeSamples) -> dict:
     """Raw samples as plain data (kept beside a fitted profile, so it can be refitted without a GPU)."""
     return {"gemm": [[op.m, op.n, op.k, t] for op, t in samples.gemm],
             "attention": [[op.batch, op.seq, op.heads, op.kv_heads, op.head_dim, op.backward, t]
                           for op, t in samples.attention],
             "elementwise": [[op.name, op.nbytes, op.kernels, t] for op, t in samples.elementwise],
-            "layers": [[name, t] for name, _, t in samples.layers]}
+            "layers": [[name, t] for name, _, t in samples.layers],
+            "heads": [[*shape, t] for shape, _, t in samples.heads]}
 
 
 def samples_from_json(data: dict) -> ShapeSamples:
@@ -210,4 +232,14 @@ def samples_from_json(data: dict) -> ShapeSamples:
         except (ValueError, SlideDPError):
             raise SlideDPError(f"layer sample {name!r}: expected '<model> fwd|bwd s<seq> b<batch>'") from None
         s.layers.append((name, ops if direction == "fwd" else backward_ops(ops), float(t)))
+    for tokens, hidden, vocab, t in data.get("heads", []):
+        s.heads.append(head_sample(int(tokens), int(hidden), int(vocab), float(t)))
     return s
+
+
+def head_sample(tokens: int, hidden: int, vocab: int, seconds: float):
+    """One timed loss-head chunk of ``tokens`` tokens against its forward + backward operations."""
+    from slidedp.compute import loss_head_ops
+
+    fwd, bwd = loss_head_ops(hidden, vocab, tokens, tokens)
+    return (tokens, hidden, vocab), [*fwd, *bwd], seconds

@@ -84,7 +84,8 @@ ELEMENTWISE_BACKWARD_FACTOR = 2
 # Memory-bound ops priced at the achieved bandwidth of the module the micro-benchmarks time for them
 # (ComputeCurves.memory_gbps_by_kind); ops no benchmark covers use the generic memory_gbps.
 MEASURED_KIND: dict[str, str] = {"rmsnorm": "rmsnorm", "qk_norm": "rmsnorm", "rotary": "rotary",
-                                 "swiglu": "swiglu", "residual": "residual", "qkv_bias": "residual"}
+                                 "swiglu": "swiglu", "residual": "residual", "qkv_bias": "residual",
+                                 "logits": "logits"}
 # Backward per parameter: zero the fp32 gradient (4 B), add each micro-batch's bf16 gradient into it
 # (read 4 + 2, write 4), square-sum for the norm (4) and cast to bf16 for the D2H (read 4, write 2).
 GRAD_ZERO_BYTES, GRAD_ACCUMULATE_BYTES, GRAD_FINISH_BYTES = 4, 10, 10
@@ -207,6 +208,24 @@ def backward_ops(forward: list[ComputeOp]) -> list[ComputeOp]:
             out.append(Elementwise(op.name, ELEMENTWISE_BACKWARD_FACTOR * op.nbytes,
                                    ELEMENTWISE_BACKWARD_FACTOR * op.kernels))
     return out
+
+
+def loss_head_ops(hidden: int, vocab: int, tokens: int, chunk_tokens: int) -> tuple[list[ComputeOp], list[ComputeOp]]:
+    """Forward and backward of the runtime's loss head (runtime/loss_head.py) over ``tokens`` tokens in chunks of
+    ``chunk_tokens``: final norm, lm_head and cross-entropy; each chunk's logits are made, used and differentiated
+    at once (never recomputed), and each chunk adds its fp32 weight gradient (read 2 + 4, write 4 ... 18 B/param).
+    The logits chain (fp32 upcast, log-softmax, gather, and their backward) is the ``logits`` op, priced at its
+    own achieved bandwidth where calibration timed the head (calibration.shape_bench.head_samples)."""
+    full, rest = divmod(tokens, chunk_tokens)
+    gemms = [Gemm(chunk_tokens, vocab, hidden, count=full)] if full else []
+    if rest:
+        gemms.append(Gemm(rest, vocab, hidden))
+    chunks = full + (1 if rest else 0)
+    norm = Elementwise("rmsnorm", tokens * hidden * RMSNORM_BYTES, chunks * RMSNORM_KERNELS)
+    logits = Elementwise("logits", tokens * vocab * LOGITS_BYTES, chunks * LOGITS_KERNELS)
+    forward: list[ComputeOp] = [norm, *gemms, logits]
+    accumulate = Elementwise("head_grad_accumulate", chunks * vocab * hidden * 18.0, 2 * chunks)
+    return forward, [*backward_ops([norm, *gemms]), accumulate]
 
 
 def gradient_ops(params: int, tensors: int, accumulations: int) -> list[ComputeOp]:

@@ -212,19 +212,8 @@ class ModelSpec:
 
     def head_ops(self, tokens: int, loss_chunk_tokens: int) -> tuple[list[c.ComputeOp], list[c.ComputeOp]]:
         """Forward and backward of the final norm, lm_head and cross-entropy over ``tokens`` tokens in chunks
-        of ``loss_chunk_tokens``: each chunk's logits are made, used and differentiated at once (never
-        recomputed), and each chunk adds its fp32 weight gradient (read 2 + 4, write 4 ... 18 B/param)."""
-        h, v = self.hidden, self.vocab
-        full, rest = divmod(tokens, loss_chunk_tokens)
-        gemms = [c.Gemm(loss_chunk_tokens, v, h, count=full)] if full else []
-        if rest:
-            gemms.append(c.Gemm(rest, v, h))
-        chunks = full + (1 if rest else 0)
-        norm = c.Elementwise("rmsnorm", tokens * h * c.RMSNORM_BYTES, chunks * c.RMSNORM_KERNELS)
-        logits = c.Elementwise("logits", tokens * v * c.LOGITS_BYTES, chunks * c.LOGITS_KERNELS)
-        forward: list[c.ComputeOp] = [norm, *gemms, logits]
-        accumulate = c.Elementwise("head_grad_accumulate", chunks * v * h * 18.0, 2 * chunks)
-        return forward, [*c.backward_ops([norm, *gemms]), accumulate]
+        of ``loss_chunk_tokens`` (slidedp.compute.loss_head_ops)."""
+        return c.loss_head_ops(self.hidden, self.vocab, tokens, loss_chunk_tokens)
 
     def embedding_ops(self, tokens: int) -> tuple[list[c.ComputeOp], list[c.ComputeOp]]:
         """The lookup (one row gathered per token) and its backward (rows scatter-added into the fp32 table:

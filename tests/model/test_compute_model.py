@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from slidedp import compute as c
-from slidedp.calibration.shape_bench import GPU_ATTENTION, GPU_ELEMENTWISE, GPU_GEMMS
-from slidedp.calibration.shape_fit import ShapeSamples, fit_curves
+from slidedp.calibration.shape_bench import GPU_ATTENTION, GPU_ELEMENTWISE, GPU_GEMMS, GPU_HEADS
+from slidedp.calibration.shape_fit import ShapeSamples, fit_curves, head_sample, samples_from_json, samples_to_json
 from slidedp.hardware import load_hardware
 from slidedp.model_spec import ModelSpec, load_model_spec
 from slidedp.units import build_units
@@ -18,7 +18,8 @@ from slidedp.units import build_units
 CURVES = c.ComputeCurves(gemm_tflops=700.0, gemm_half_m=120.0, gemm_half_n=60.0, gemm_half_k=90.0,
                          attention_fwd_tflops=450.0, attention_bwd_tflops=330.0, attention_half_seq=900.0,
                          memory_gbps=3300.0, kernel_us=6.0, layer_overhead_us=150.0, backward_overhead_us=400.0,
-                         attention_fwd_us=40.0, attention_bwd_us=250.0)
+                         attention_fwd_us=40.0, attention_bwd_us=250.0,
+                         memory_gbps_by_kind={"logits": 1900.0})
 
 ARCHS = {
     "llama": ModelSpec("llama", 4, 3072, 8192, 24, 8, 128, 128256),
@@ -96,6 +97,9 @@ def _synthetic(curves: c.ComputeCurves, noise: float, seed: int = 0) -> ShapeSam
                                 (c.RESIDUAL_BYTES, c.RESIDUAL_KERNELS)):
             op = c.Elementwise("x", tokens * width * nbytes, kernels)
             s.elementwise.append((op, jitter(curves.seconds(op))))
+    for tokens, hidden, vocab in GPU_HEADS:
+        shape, ops, _ = head_sample(tokens, hidden, vocab, 0.0)
+        s.heads.append((shape, ops, jitter(curves.total_seconds(ops))))
     m = ARCHS["llama"]
     for seq, batch in ((1024, 1), (4096, 1), (4096, 4)):
         ops = m.layer_forward_ops(batch, seq)
@@ -112,6 +116,11 @@ def test_fit_recovers_known_curves_from_noisy_samples(noise):
     assert got.attention_fwd_tflops == pytest.approx(CURVES.attention_fwd_tflops, rel=tol)
     assert got.attention_bwd_tflops == pytest.approx(CURVES.attention_bwd_tflops, rel=tol)
     assert got.memory_gbps == pytest.approx(CURVES.memory_gbps, rel=tol)
+    assert got.memory_gbps_by_kind["logits"] == pytest.approx(1900.0, rel=tol)
+    # The loss head of a vocabulary and width the head samples never had, priced like the true curves.
+    for m in ARCHS.values():
+        fwd, bwd = m.head_ops(8192, 4096)
+        assert got.total_seconds(fwd + bwd) == pytest.approx(CURVES.total_seconds(fwd + bwd), rel=0.03 + noise)
     # What matters: a layer of an architecture the fit never saw is priced like the true curves price it.
     for m in ARCHS.values():
         for batch, seq in ((1, 2048), (8, 4096), (1, 32768)):
@@ -166,11 +175,15 @@ def test_profile_with_curves_round_trips_through_yaml(tmp_path):
 
 def test_shape_benchmarks_run_on_the_cpu():
     """Only that the CPU path produces one sample per shape (timings here are never asserted)."""
-    from slidedp.calibration.shape_bench import CPU_ATTENTION, CPU_GEMMS, shape_samples
+    from slidedp.calibration.shape_bench import CPU_ATTENTION, CPU_GEMMS, CPU_HEADS, shape_samples
 
     s = shape_samples(quick=True, repeats=1)
     assert len(s.gemm) == len(CPU_GEMMS) and len(s.attention) == 2 * len(CPU_ATTENTION)
+    assert [shape for shape, _, _ in s.heads] == list(CPU_HEADS)
     assert all(t > 0 for _, t in s.gemm + s.attention + s.elementwise)
+    assert all(t > 0 for _, _, t in s.heads)
+    again = samples_from_json(samples_to_json(s))  # kept beside a profile, refitted without the device
+    assert [(shape, t) for shape, _, t in again.heads] == [(shape, t) for shape, _, t in s.heads]
 
 
 def test_a_layer_pass_is_not_faster_than_its_dispatch():
