@@ -60,6 +60,13 @@ def compute_seconds(trace) -> float:
     return float((t.end_s - t.start_s).sum())
 
 
+def busy_seconds(trace, op: str) -> float:
+    """Rank 0's busy seconds in ``op`` (e.g. "adam": the CPU update's chunks, wherever they ran in the step)."""
+    t = trace[trace["rank"] == 0] if "rank" in trace else trace
+    t = t[t.op == op]
+    return float((t.end_s - t.start_s).sum())
+
+
 def unit_seconds(trace) -> tuple[float, float]:
     """Forward + backward seconds of the loss head (the last unit) and of the first decoder layer (unit 1)."""
     t = trace[trace["rank"] == 0] if "rank" in trace else trace
@@ -107,13 +114,14 @@ def predict(profiles: dict[str, str], sessions: bool = False) -> list[dict]:
             row = {"set": run.set, "run": run.label, "measured_step_s": run.step_s, "measured_limiter": run.limiter,
                    "measured_compute_s": None if run.trace is None else compute_seconds(run.trace),
                    "measured_head_s": None, "measured_layer_s": None}
+            row["measured_adam_s"] = None if run.trace is None else busy_seconds(run.trace, "adam")
             if run.trace is not None:
                 row["measured_head_s"], row["measured_layer_s"] = unit_seconds(run.trace)
             for name, hw in hardware.items():
                 sim = simulate(run.workload(hw))
                 head, layer = unit_seconds(sim.trace)
                 row[name] = {"step_s": sim.step_time_s, "compute_s": sim.compute_s, "limiter": sim.limiter,
-                             "head_s": head, "layer_s": layer}
+                             "head_s": head, "layer_s": layer, "adam_s": busy_seconds(sim.trace, "adam")}
             rows.append(row)
     return rows
 
@@ -148,7 +156,8 @@ def report(rows: list[dict], names: list[str]) -> str:
 
 
 def report_units(rows: list[dict], names: list[str]) -> str:
-    """Per set, the mean signed error of the loss head's and the first decoder layer's fwd + bwd seconds."""
+    """Per set, the mean signed error of the loss head's and the first decoder layer's fwd + bwd seconds, and how
+    much longer the CPU update was busy in the measured step than in the simulated one."""
     lines = []
     for which in sorted({r["set"] for r in rows}):
         sel = [r for r in rows if r["set"] == which and r["measured_head_s"]]
@@ -157,9 +166,12 @@ def report_units(rows: list[dict], names: list[str]) -> str:
         for n in names:
             head = [_err(r[n]["head_s"], r["measured_head_s"]) for r in sel]
             layer = [_err(r[n]["layer_s"], r["measured_layer_s"]) for r in sel]
+            adam = [r["measured_adam_s"] / r[n]["adam_s"] for r in sel if r["measured_adam_s"] and r[n]["adam_s"]]
             lines.append(f"{which}, {n}: loss head {sum(head) / len(head):+.1f}% mean ({min(head):+.1f} .. "
                          f"{max(head):+.1f}), first layer {sum(layer) / len(layer):+.1f}% mean ({min(layer):+.1f} .. "
-                         f"{max(layer):+.1f}) over {len(sel)} runs")
+                         f"{max(layer):+.1f}) over {len(sel)} runs"
+                         + (f"; CPU update busy, measured / simulated: {sum(adam) / len(adam):.2f} mean "
+                            f"({min(adam):.2f} .. {max(adam):.2f}) over {len(adam)} runs" if adam else ""))
     return "\n".join(lines)
 
 
@@ -213,9 +225,35 @@ def attention_forms() -> str:
     return "\n".join(lines)
 
 
+def fit_update_factor(profile: str = "h200-x1") -> str:
+    """host.step_update_factor fitted (calibration.from_run.fit_step_update_factor) to the Qwen3-4B/8B runs of
+    2026-12-02b/c against ``profile`` with the factor at 1; the held-out architectures' own value beside it, for
+    comparison only (they are the test set, never fitted)."""
+    from dataclasses import replace
+
+    from benchmarks.validate_h200 import new_runs, third_runs
+    from slidedp.calibration.from_run import fit_step_update_factor, load_record
+    from slidedp.hardware import load_hardware
+    from slidedp.report.rundir import unpack_session
+
+    hw = load_hardware(profile)
+    base = replace(hw, host=replace(hw.host, step_update_factor=1.0))
+    with tempfile.TemporaryDirectory() as tmp:
+        fit_set = [load_record(p) for p in new_runs(Path(tmp) / "new") + third_runs(Path(tmp) / "third")]
+        tree = unpack_session(HELD_OUT, Path(tmp) / "held-out")
+        held = [load_record(p) for p in sorted([*(tree / "runs").iterdir(), *(tree / "v2" / "runs").iterdir()])
+                if (p / "summary.json").exists()]
+        factor, n = fit_step_update_factor(fit_set, base)
+        other, m = fit_step_update_factor(held, base)
+    return (f"step_update_factor fitted to the 02b/02c runs: {factor:.3f} ({n} runs with a CPU update); "
+            f"the held-out runs alone would give {other:.3f} ({m} runs; not used)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--attention-forms", action="store_true", help="compare the attention cost forms and stop")
+    p.add_argument("--fit-update-factor", action="store_true",
+                   help="fit host.step_update_factor to the 02b/02c runs (h200-x1 otherwise) and stop")
     p.add_argument("--profile", action="append", metavar="NAME=PROFILE",
                    help="a label and a preset name or profile path; give it once per profile")
     p.add_argument("--sessions", action="store_true",
@@ -224,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.attention_forms:
         print(attention_forms())
+        return 0
+    if args.fit_update_factor:
+        print(fit_update_factor())
         return 0
     if not args.profile:
         p.error("give --profile NAME=PROFILE (at least once) or --attention-forms")

@@ -2,8 +2,9 @@
 
 A run directory (measured by the runtime, or simulated) holds the trace, the policy, the hardware profile
 and a summary with the model's shape. The refit reads what each resource actually delivered in the trace:
-H2D and D2H bandwidth and latency from the copy operations, the CPU update rate from the optimizer
-operations, and the GPU rates from the per-layer forward times across runs of different sizes.
+H2D and D2H bandwidth and latency from the copy operations, how much longer the CPU update is busy inside a
+step than the simulator prices it (host.step_update_factor, from the optimizer operations), and the GPU rates
+from the per-layer forward times across runs of different sizes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from slidedp.hardware import HardwareProfile
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.report.rundir import load_run
-from slidedp.resources import ADAM_HOST_BYTES_BASE, FUSED_ADAM_HOST_BYTES
 from slidedp.sim import simulate
 from slidedp.units import build_units
 from slidedp.workload import StepWorkload
@@ -103,22 +103,42 @@ def refit_profile(base: HardwareProfile, records: list[RunRecord]) -> tuple[Hard
             gpu = replace(gpu, **{field: fit.bandwidth_Bps / 1e9, "pcie_latency_us": fit.latency_s * 1e6})
             report[field] = {"value": fit.bandwidth_Bps / 1e9, "latency_us": fit.latency_s * 1e6,
                              "residual": fit.residual}
-    adam = trace[trace.op == "adam"]
-    if not adam.empty:
+    if (trace.op == "adam").any():
         fused = not (trace.op == "cast").any()
-        per_param = FUSED_ADAM_HOST_BYTES if fused else ADAM_HOST_BYTES_BASE + records[0].policy.grad_bytes
-        params = float(adam.bytes.sum()) / per_param
-        rate = params / float((adam.end_s - adam.start_s).sum()) / 1e9
-        threads = records[0].workload(base).adam_threads
-        old = host.adam_rate(threads) / 1e9
-        scale = float(rate / old)
-        host = replace(host, adam_gparams_per_s={k: v * scale for k, v in host.adam_gparams_per_s.items()})
         host = replace(host, fused_cast=fused)  # the kernel writes the bf16 copy: no separate cast pass
-        report["adam_gparams_per_s"] = {"value": rate, "threads": threads, "scaled_curve_by": scale, "fused": fused}
+        factor, runs = fit_step_update_factor(records, replace(base, gpu=gpu, host=host))
+        if runs:
+            host = replace(host, step_update_factor=factor)
+            report["step_update_factor"] = {"value": factor, "runs": runs, "fused": fused}
     gpu, report_compute = _refit_compute(gpu, records)
     report.update(report_compute)
     notes = (base.notes + " | " if base.notes else "") + f"refitted from {len(records)} run(s)"
     return replace(base, name=f"{base.name}-refit", gpu=gpu, host=host, notes=notes), report
+
+
+def _busy(trace: pd.DataFrame, op: str) -> float:
+    t = trace[trace["rank"] == 0] if "rank" in trace else trace
+    t = t[t.op == op]
+    return float((t.end_s - t.start_s).sum())
+
+
+def fit_step_update_factor(records: list[RunRecord], base: HardwareProfile) -> tuple[float, int]:
+    """host.step_update_factor that makes the simulated CPU update as busy as the runs measured it: ``base``'s
+    factor times the mean over runs of measured / simulated busy seconds of the update (rank 0), so what the
+    simulator already prices (the rate alone, the copies' contention) is not counted twice. Returns the factor
+    and how many runs had an update to compare (none: ``base``'s factor)."""
+    ratios = []
+    for r in records:
+        measured = _busy(r.trace, "adam")
+        if measured <= 0:
+            continue
+        simulated = _busy(simulate(r.workload(base)).trace, "adam")
+        if simulated > 0:
+            ratios.append(measured / simulated)
+    if not ratios:
+        return base.host.step_update_factor, 0
+    factor = base.host.step_update_factor * float(np.mean(ratios))
+    return min(10.0, max(0.25, factor)), len(ratios)
 
 
 def _layer_seconds(records: list[RunRecord], gpu) -> tuple[float, float]:

@@ -1,7 +1,7 @@
 """Micro-benchmarks over a grid of operation shapes, for the shape-aware compute curves (calibration.shape_fit).
 
 The grid spans the shapes decoder layers of any common width produce (GEMMs from 256 to 16K rows, widths
-1K to 150K; causal flash attention from 1K to 32K tokens with grouped KV heads; the eager Hugging Face
+1K to 150K; causal flash attention from 1K to 128K tokens with grouped KV heads; the eager Hugging Face
 memory-bound modules; one chunk of the runtime's loss head over the vocabularies of the common families), not
 one target model, so the fitted curves price a model nobody calibrated on. Whole decoder layers of a calibration
 model are timed too, only to fit the per-pass overhead.
@@ -33,8 +33,11 @@ GPU_GEMMS: tuple[tuple[int, int, int], ...] = tuple(
 CPU_GEMMS: tuple[tuple[int, int, int], ...] = ((16, 32, 32), (64, 64, 32), (128, 96, 64), (256, 128, 128),
                                               (64, 256, 64), (512, 64, 128))
 # (batch, seq, heads, kv_heads, head_dim)
+# Up to 128K tokens: the rate at long sequences is what a 256K-token run is priced at (a curve fitted only to 32K
+# had to be extrapolated there, benchmarks/RESULTS.md "Attention at long sequences").
 GPU_ATTENTION = ((1, 1024, 32, 8, 128), (4, 1024, 16, 2, 128), (1, 2048, 24, 8, 128), (2, 4096, 32, 8, 128),
-                 (1, 4096, 16, 8, 64), (1, 8192, 32, 8, 128), (1, 16384, 16, 4, 128), (1, 32768, 32, 8, 128))
+                 (1, 4096, 16, 8, 64), (1, 8192, 32, 8, 128), (1, 16384, 16, 4, 128), (1, 32768, 32, 8, 128),
+                 (1, 65536, 40, 8, 128), (1, 131072, 16, 8, 128))
 CPU_ATTENTION = ((1, 32, 4, 2, 8), (2, 64, 4, 4, 16), (1, 128, 2, 1, 16))
 GPU_ELEMENTWISE = ((4096, 2048), (16384, 4096), (65536, 4096), (32768, 8192))  # (tokens, width)
 # One loss-head chunk (tokens, hidden, vocab): the vocabularies of Qwen, Llama 3 and Mistral at their widths.

@@ -162,6 +162,12 @@ class HostSpec:
     # ``fp32+int8``) as a thread curve like ``adam_gparams_per_s`` (which is the ``fp32`` mode's), measured by
     # calibration. A mode missing here is priced by the workload from its DRAM bytes (see update_rate).
     state_update_gparams_per_s: dict[str, dict[int, float]] = field(default_factory=dict)
+    # How many times longer SlideDP's CPU update takes inside a training step than the simulator prices it from
+    # the rates above (timed alone) and the copy contention (dma_interference): what a step adds beside it, the
+    # Python thread issuing GPU work and the copy threads on the same cores and a whole-model working set, none
+    # of which the pass alone sees. Fitted from runs' traces (calibration.from_run.fit_step_update_factor:
+    # measured over simulated busy time of the update); 1 where no run was measured.
+    step_update_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.cores <= 0:
@@ -184,6 +190,9 @@ class HostSpec:
 
         if not (isinstance(self.cpu_dram_weight, (int, float)) and 1.0 <= self.cpu_dram_weight <= 100.0):
             raise SlideDPError(f"host.cpu_dram_weight must be between 1 and 100, got {quote(self.cpu_dram_weight)}")
+        if not (isinstance(self.step_update_factor, (int, float)) and 0.25 <= self.step_update_factor <= 10.0):
+            raise SlideDPError(f"host.step_update_factor must be between 0.25 and 10, "
+                               f"got {quote(self.step_update_factor)}")
 
     def interference(self, directions: str) -> float:
         """The slowdown of a CPU pass while copies run in ``directions`` ("" when none)."""

@@ -189,27 +189,31 @@ class StepWorkload:
 
     @cached_property
     def state_update_params_per_s(self) -> float:
-        """Parameters per second one rank's optimizer worker updates in the host state's precision: the host's
-        measured rate of that mode, or else (an assumption until calibrated) the exact fp32 rate scaled by DRAM
-        bytes, i.e. the mode's pass moves DRAM bytes exactly as fast as the fp32 pass does. That ignores the
-        arithmetic a compact mode adds (8-bit (de)quantisation, stochastic rounding), so it is an upper bound
-        where the pass stops being DRAM-bound."""
-        measured = self.hw.host.measured_state_update_rate(self.state.name, self.adam_threads)
-        if measured is not None:
-            return measured
-        fp32_bytes = update_host_bytes_per_param(EXACT, self.policy.grad_bytes, self.hw.host.fused_cast)
-        return self.hw.host.adam_rate(self.adam_threads) * fp32_bytes / self.adam_bytes_per_param
+        """Parameters per second one rank's optimizer worker updates in the host state's precision, inside a
+        training step: the host's measured rate of that mode, or else (an assumption until calibrated) the exact
+        fp32 rate scaled by DRAM bytes, i.e. the mode's pass moves DRAM bytes exactly as fast as the fp32 pass
+        does (which ignores the arithmetic a compact mode adds, so it is an upper bound where the pass stops
+        being DRAM-bound); divided by the host's step_update_factor (what a step adds beside the pass)."""
+        host = self.hw.host
+        measured = host.measured_state_update_rate(self.state.name, self.adam_threads)
+        if measured is None:
+            fp32_bytes = update_host_bytes_per_param(EXACT, self.policy.grad_bytes, host.fused_cast)
+            measured = host.adam_rate(self.adam_threads) * fp32_bytes / self.adam_bytes_per_param
+        return measured / host.step_update_factor
 
     @property
     def state_update_rate_note(self) -> str:
         """One line saying where the update rate comes from, for outputs that print predictions."""
         rate = self.state_update_params_per_s / 1e9
+        factor = self.hw.host.step_update_factor
+        in_step = (f"; {rate * factor:.2f} alone / {factor:.3g}, host.step_update_factor, in a step"
+                   if factor != 1.0 else "")
         if self.state_update_rate_measured:
-            return f"CPU update rate of {self.state.name} state: {rate:.2f} G params/s (measured)"
+            return f"CPU update rate of {self.state.name} state: {rate:.2f} G params/s (measured{in_step})"
         return (f"CPU update rate of {self.state.name} state: {rate:.2f} G params/s, DERIVED from the measured fp32 "
                 f"rate by DRAM bytes ({self.adam_bytes_per_param:g} vs "
                 f"{update_host_bytes_per_param(EXACT, self.policy.grad_bytes, self.hw.host.fused_cast):g} B/param), "
-                f"not measured on this host")
+                f"not measured on this host{in_step}")
 
     def cpu_update_host_bytes_per_param(self) -> tuple[float, float, float]:
         """DRAM bytes per parameter of the model of the three CPU passes of an update on one host: gradient

@@ -88,7 +88,25 @@ def test_refit_from_runs_lowers_the_prediction_error(tmp_path):
     after = mape(validate(records, refit))
     assert before > 10 and after < before / 3 and after < 5
     assert refit.gpu.h2d_gbps == pytest.approx(40.0, rel=0.1)
-    assert {"h2d_gbps", "d2h_gbps", "adam_gparams_per_s", "compute"} <= set(report)
+    assert {"h2d_gbps", "d2h_gbps", "step_update_factor", "compute"} <= set(report)
+    # The true update ran at 0.6x the base's rate: the refit keeps the base's curve (the pass alone) and says
+    # how much longer the update is busy in a step.
+    assert refit.host.adam_gparams_per_s == base.host.adam_gparams_per_s
+    assert refit.host.step_update_factor == pytest.approx(base.host.step_update_factor / 0.6, rel=0.1)
+
+
+def test_step_update_factor_recovers_a_known_in_step_slowdown(tmp_path):
+    from slidedp.calibration.from_run import fit_step_update_factor
+
+    base = load_hardware("h200-x1")
+    base = replace(base, host=replace(base.host, step_update_factor=1.0))
+    truth = replace(base, host=replace(base.host, step_update_factor=1.3))
+    records = [load_record(p) for p in _simulated_runs(tmp_path, truth)]
+    factor, runs = fit_step_update_factor(records, base)
+    assert runs == len(records) and factor == pytest.approx(1.3, rel=0.02)
+    # Fitted against a base that already has the factor: nothing left to add.
+    again, _ = fit_step_update_factor(records, truth)
+    assert again == pytest.approx(1.3, rel=0.02)
 
 
 def test_quick_microbenchmarks_make_a_valid_profile(tmp_path):

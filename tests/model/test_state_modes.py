@@ -38,7 +38,8 @@ def test_exact_state_moves_and_prices_what_it_did_before(fused, grad, grad_bytes
     assert w.adam_bytes_per_param == 24 + grad_bytes + (2 if fused else 0)
     assert w.cast_host_bytes(1.0) == (0 if fused else 6)
     assert w.state_update_rate_measured
-    assert w.adam_cap() == pytest.approx(H200.host.adam_rate(w.adam_threads) * w.adam_bytes_per_param)
+    in_step = H200.host.adam_rate(w.adam_threads) / H200.host.step_update_factor
+    assert w.adam_cap() == pytest.approx(in_step * w.adam_bytes_per_param)
 
 
 @pytest.mark.parametrize("state", [s.name for s in STATE_CHOICES[1:]])
@@ -65,8 +66,26 @@ def test_compact_rate_is_derived_from_dram_bytes_until_measured():
     assert derived.state_update_params_per_s == pytest.approx(fp32.state_update_params_per_s * 28 / (16 + 1 / 16))
     measured = _workload("fp32+int8", rates={"fp32+int8": {1: 1.0, 16: 7.0}})
     assert measured.state_update_rate_measured and "measured" in measured.state_update_rate_note
-    assert measured.state_update_params_per_s == pytest.approx(7e9)
-    assert measured.adam_cap() == pytest.approx(7e9 * measured.adam_bytes_per_param)
+    in_step = 7e9 / H200.host.step_update_factor
+    assert measured.state_update_params_per_s == pytest.approx(in_step)
+    assert measured.adam_cap() == pytest.approx(in_step * measured.adam_bytes_per_param)
+
+
+def test_the_step_update_factor_divides_every_modes_rate_and_is_said():
+    """host.step_update_factor prices what a training step adds beside the update pass timed alone: every mode's
+    rate (measured or derived) is divided by it, and the note says so; 1 leaves the rate as measured."""
+    for state, rates in (("fp32", None), ("fp32+int8", None), ("bf16+int8", {"bf16+int8": {16: 3.0}})):
+        plain = StepWorkload(tiny_model(), replace(H200, host=replace(H200.host, step_update_factor=1.0,
+                                                                        state_update_gparams_per_s=rates or {})),
+                             Policy(state=state), 512, 1)
+        slow = StepWorkload(tiny_model(), replace(H200, host=replace(H200.host, step_update_factor=1.25,
+                                                                       state_update_gparams_per_s=rates or {})),
+                            Policy(state=state), 512, 1)
+        assert slow.state_update_params_per_s == pytest.approx(plain.state_update_params_per_s / 1.25)
+        assert "step_update_factor" in slow.state_update_rate_note
+        assert "step_update_factor" not in plain.state_update_rate_note
+    with pytest.raises(SlideDPError, match="step_update_factor"):
+        replace(H200.host, step_update_factor=0.0)
 
 
 def test_qwen3_14b_host_fits_only_in_compact_modes_on_the_h200_host():
