@@ -225,35 +225,41 @@ def attention_forms() -> str:
     return "\n".join(lines)
 
 
-def fit_update_factor(profile: str = "h200-x1") -> str:
-    """host.step_update_factor fitted (calibration.from_run.fit_step_update_factor) to the Qwen3-4B/8B runs of
-    2026-12-02b/c against ``profile`` with the factor at 1; the held-out architectures' own value beside it, for
-    comparison only (they are the test set, never fitted)."""
+def fit_from_runs(profile: str = "h200-x1") -> str:
+    """The two fields of a profile that only training runs measure, fitted (calibration.from_run) to the
+    Qwen3-4B/8B runs of 2026-12-02b/c against ``profile`` with both reset: host.step_update_factor and the loss
+    head's logits bandwidth; the held-out architectures' own values beside them, for comparison only (they are
+    the test set, never fitted)."""
     from dataclasses import replace
 
     from benchmarks.validate_h200 import new_runs, third_runs
-    from slidedp.calibration.from_run import fit_step_update_factor, load_record
+    from slidedp.calibration.from_run import fit_logits_gbps, fit_step_update_factor, load_record
     from slidedp.hardware import load_hardware
     from slidedp.report.rundir import unpack_session
 
     hw = load_hardware(profile)
-    base = replace(hw, host=replace(hw.host, step_update_factor=1.0))
+    by_kind = {k: v for k, v in hw.gpu.compute.memory_gbps_by_kind.items() if k != "logits"}
+    base = replace(hw, host=replace(hw.host, step_update_factor=1.0),
+                   gpu=replace(hw.gpu, compute=replace(hw.gpu.compute, memory_gbps_by_kind=by_kind)))
     with tempfile.TemporaryDirectory() as tmp:
         fit_set = [load_record(p) for p in new_runs(Path(tmp) / "new") + third_runs(Path(tmp) / "third")]
         tree = unpack_session(HELD_OUT, Path(tmp) / "held-out")
         held = [load_record(p) for p in sorted([*(tree / "runs").iterdir(), *(tree / "v2" / "runs").iterdir()])
                 if (p / "summary.json").exists()]
-        factor, n = fit_step_update_factor(fit_set, base)
-        other, m = fit_step_update_factor(held, base)
-    return (f"step_update_factor fitted to the 02b/02c runs: {factor:.3f} ({n} runs with a CPU update); "
-            f"the held-out runs alone would give {other:.3f} ({m} runs; not used)")
+        lines = []
+        for name, fit in (("step_update_factor", fit_step_update_factor), ("logits GB/s", fit_logits_gbps)):
+            value, n = fit(fit_set, base)
+            other, m = fit(held, base)
+            lines.append(f"{name} fitted to the 02b/02c runs: {value:.4g} ({n} runs); the held-out runs alone "
+                         f"would give {other:.4g} ({m} runs; not used)")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--attention-forms", action="store_true", help="compare the attention cost forms and stop")
-    p.add_argument("--fit-update-factor", action="store_true",
-                   help="fit host.step_update_factor to the 02b/02c runs (h200-x1 otherwise) and stop")
+    p.add_argument("--fit-from-runs", action="store_true",
+                   help="fit host.step_update_factor and the logits bandwidth to the 02b/02c runs and stop")
     p.add_argument("--profile", action="append", metavar="NAME=PROFILE",
                    help="a label and a preset name or profile path; give it once per profile")
     p.add_argument("--sessions", action="store_true",
@@ -263,8 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.attention_forms:
         print(attention_forms())
         return 0
-    if args.fit_update_factor:
-        print(fit_update_factor())
+    if args.fit_from_runs:
+        print(fit_from_runs())
         return 0
     if not args.profile:
         p.error("give --profile NAME=PROFILE (at least once) or --attention-forms")

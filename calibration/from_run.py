@@ -4,7 +4,8 @@ A run directory (measured by the runtime, or simulated) holds the trace, the pol
 and a summary with the model's shape. The refit reads what each resource actually delivered in the trace:
 H2D and D2H bandwidth and latency from the copy operations, how much longer the CPU update is busy inside a
 step than the simulator prices it (host.step_update_factor, from the optimizer operations), and the GPU rates
-from the per-layer forward times across runs of different sizes.
+from the per-layer forward times across runs of different sizes; with shape-aware curves, the achieved bandwidth of
+the loss head's logits chain from the head's forward + backward times.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import brentq
 
 from slidedp.calibration.fits import fit_compute, fit_link
 from slidedp.errors import SlideDPError
@@ -112,6 +114,12 @@ def refit_profile(base: HardwareProfile, records: list[RunRecord]) -> tuple[Hard
             report["step_update_factor"] = {"value": factor, "runs": runs, "fused": fused}
     gpu, report_compute = _refit_compute(gpu, records)
     report.update(report_compute)
+    if gpu.compute is not None:
+        logits, runs = fit_logits_gbps(records, replace(base, gpu=gpu, host=host))
+        if logits is not None:
+            by_kind = {**gpu.compute.memory_gbps_by_kind, "logits": logits}
+            gpu = replace(gpu, compute=replace(gpu.compute, memory_gbps_by_kind=by_kind))
+            report["logits_gbps"] = {"value": logits, "runs": runs}
     notes = (base.notes + " | " if base.notes else "") + f"refitted from {len(records)} run(s)"
     return replace(base, name=f"{base.name}-refit", gpu=gpu, host=host, notes=notes), report
 
@@ -139,6 +147,38 @@ def fit_step_update_factor(records: list[RunRecord], base: HardwareProfile) -> t
         return base.host.step_update_factor, 0
     factor = base.host.step_update_factor * float(np.mean(ratios))
     return min(10.0, max(0.25, factor)), len(ratios)
+
+
+def _head_seconds(trace: pd.DataFrame) -> float:
+    """Forward + backward seconds of the loss head (the last unit) of rank 0's step."""
+    t = trace[trace["rank"] == 0] if "rank" in trace else trace
+    t = t[t.op.isin(["fwd", "bwd"])]
+    return float((t.end_s - t.start_s)[t.unit == t.unit.max()].sum()) if not t.empty else 0.0
+
+
+def fit_logits_gbps(records: list[RunRecord], base: HardwareProfile) -> tuple[float | None, int]:
+    """The achieved bandwidth of the loss head's logits chain (gpu.compute.memory_gbps_by_kind["logits"]) at
+    which the head's forward + backward is as long as the runs measured it, in the geometric mean over runs
+    (the one unit of a model no decoder-layer sample covers; calibration.shape_fit fits the same value from
+    micro-benchmarks of the head where a GPU is at hand). None where ``base`` has no shape-aware curves, no
+    run has a head, or no bandwidth up to the chip's would be fast enough."""
+    curves = base.gpu.compute
+    rows = [(r, m) for r in records if (m := _head_seconds(r.trace)) > 0] if curves is not None else []
+    if not rows:
+        return None, 0
+
+    def mean_log_ratio(log_gbps: float) -> float:
+        trial = replace(curves, memory_gbps_by_kind={**curves.memory_gbps_by_kind, "logits": float(np.exp(log_gbps))})
+        hw = replace(base, gpu=replace(base.gpu, compute=trial))
+        heads = [r.workload(hw).units[-1] for r, _ in rows]
+        return float(np.mean([np.log((u.fwd_s + u.bwd_s) / m) for u, (_, m) in zip(heads, rows, strict=True)]))
+
+    lo, hi = np.log(1.0), np.log(20.0 * curves.memory_gbps)
+    if mean_log_ratio(hi) > 0:
+        return None, len(rows)
+    if mean_log_ratio(lo) < 0:
+        return float(np.exp(lo)), len(rows)
+    return float(np.exp(brentq(mean_log_ratio, lo, hi, xtol=1e-4))), len(rows)
 
 
 def _layer_seconds(records: list[RunRecord], gpu) -> tuple[float, float]:

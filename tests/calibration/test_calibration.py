@@ -291,3 +291,20 @@ def test_compute_curves_that_are_not_credible_keep_the_base_family():
     assert got.attention_bwd_tflops == truth.attention_bwd_tflops
     assert got.gemm_tflops == pytest.approx(truth.gemm_tflops, rel=0.05)
     assert any("kept the attention parameters" in w for w in report["warnings"])
+
+
+def test_logits_bandwidth_recovers_the_heads_measured_time(tmp_path):
+    """Runs whose loss head ran its logits chain at 1500 GB/s: the fit against curves that price the chain at the
+    generic bandwidth finds 1500; a profile without shape-aware curves has nothing to fit."""
+    from slidedp.calibration.from_run import fit_logits_gbps
+
+    base = load_hardware("h200-x1")
+    plain = {k: v for k, v in base.gpu.compute.memory_gbps_by_kind.items() if k != "logits"}
+    base = replace(base, gpu=replace(base.gpu, compute=replace(base.gpu.compute, memory_gbps_by_kind=plain)))
+    truth = replace(base, gpu=replace(base.gpu, compute=replace(
+        base.gpu.compute, memory_gbps_by_kind={**plain, "logits": 1500.0})))
+    records = [load_record(p) for p in _simulated_runs(tmp_path, truth)]
+    logits, runs = fit_logits_gbps(records, base)
+    assert runs == len(records) and logits == pytest.approx(1500.0, rel=0.01)
+    layer_level = replace(base, gpu=replace(base.gpu, compute=None))
+    assert fit_logits_gbps(records, layer_level) == (None, 0)
