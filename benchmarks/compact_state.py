@@ -35,12 +35,14 @@ from slidedp.state_precision import STATE_CHOICES, StatePrecision
 MODES = [p.name for p in STATE_CHOICES]
 
 
-def _policy(model: str, seq: int, batch: int, state: str, out: Path, tune: bool, hardware: str) -> Path:
-    """A policy YAML for one run: the tuner's host-only choice (or the default policy) with ``state`` applied.
-    A tuner that finds nothing (e.g. a memory model that does not know the state) falls back to the default."""
+def _policy(model: str, seq: int, batch: int, state: str, out: Path, tune: bool, hardware: str,
+            threads: int | None = None) -> Path:
+    """A policy YAML for one run: the tuner's host-only choice (or the default policy) with ``state`` applied,
+    and ``threads`` optimizer threads where given. A tuner that finds nothing (e.g. a memory model that does not
+    know the state) falls back to the default."""
     from slidedp.policy import Policy, default_policy
 
-    path = out / f"policy-b{batch}-{state}.yaml"
+    path = out / f"policy-b{batch}-{state}{'' if threads is None else f'-t{threads}'}.yaml"
     policy = None
     if tune:
         tuned = out / f"tuned-b{batch}-{state}.yaml"  # the mode decides the fit (Qwen3-14B fits only compact)
@@ -52,19 +54,21 @@ def _policy(model: str, seq: int, batch: int, state: str, out: Path, tune: bool,
             log(f"tune failed for batch {batch}: using the default policy")
     if policy is None:
         policy = default_policy(batch, 1)
-    policy.with_(gpu_state_units=0, state=StatePrecision.parse(state).name).save(path)
+    policy = policy.with_(gpu_state_units=0, state=StatePrecision.parse(state).name)
+    (policy if threads is None else policy.with_(adam_threads=threads)).save(path)
     return path
 
 
 def _run_row(part: str, model: str, seq: int, batch: int, state: str, out: Path, steps: int, device: str,
-             tune: bool, hardware: str) -> dict:
+             tune: bool, hardware: str, threads: int | None = None) -> dict:
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    policy = _policy(model, seq, batch, state, runs, tune, hardware)
-    run_dir = runs / f"{part}-{model_label(model)}-b{batch}-{state}"
+    policy = _policy(model, seq, batch, state, runs, tune, hardware, threads)
+    run_dir = runs / f"{part}-{model_label(model)}-b{batch}-{state}{'' if threads is None else f'-t{threads}'}"
     rc, summary = train_run(model, seq, policy, steps, run_dir, device=device, hardware=hardware,
                             extra=("--log", "none"))
     row = {"part": part, "model": model_label(model), "seq": seq, "batch": batch, "state": state, "rc": rc,
+           "adam_threads": threads,
            "host_bytes_per_param": StatePrecision.parse(state).host_bytes_per_param(2)}
     if summary is not None:
         row.update(step_time_s=summary.step_time_s, tokens_per_s=summary.tokens_per_s,
@@ -108,10 +112,14 @@ def part_rates(args: argparse.Namespace) -> None:
 
 
 def part_steps(args: argparse.Namespace) -> None:
+    """Each batch x state (x optimizer thread count, where --adam-threads overrides the tuner's: whether leaving
+    cores to the thread that issues GPU work and to the copies shortens the step, the in-step cost that
+    host.step_update_factor prices)."""
     for batch in args.batches:
         for state in args.states:
-            _run_row("steps", args.model, args.seq, batch, state, args.out, args.steps, args.device, args.tune,
-                     args.hardware)
+            for threads in args.adam_threads or [None]:
+                _run_row("steps", args.model, args.seq, batch, state, args.out, args.steps, args.device, args.tune,
+                         args.hardware, threads)
 
 
 def part_big(args: argparse.Namespace) -> None:
@@ -229,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-tune", dest="tune", action="store_false", help="default policy instead of the tuner's")
     ap.add_argument("--params", type=int, default=64_000_000, help="rates: parameters per update")
     ap.add_argument("--threads", type=int, nargs="+", default=sorted({1, 2, 4, 8, 16, os.cpu_count() or 1}))
+    ap.add_argument("--adam-threads", type=int, nargs="+", help="steps: optimizer threads per run (default: the "
+                    "tuner's)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--text", default="auto", help="finetune: a text file, or auto (Python stdlib sources)")
     ap.add_argument("--text-mb", type=float, default=32.0)

@@ -131,7 +131,7 @@ def test_compact_state_driver_runs_every_part_on_the_cpu(tmp_path, tiny_config):
     bench("compact_state", "rates", "--params", "300000", "--threads", "1", "--repeats", "1", "--states", "fp32",
           "bf16+int8", "--out", out)
     bench("compact_state", "steps", "--model", tiny_config, "--seq", "16", "--batches", "2", "--steps", "2",
-          "--states", "bf16+int8", "--device", "cpu", "--no-tune", "--out", out)
+          "--states", "bf16+int8", "--adam-threads", "1", "--device", "cpu", "--no-tune", "--out", out)
     text = tmp_path / "text.txt"
     text.write_text("Host memory and host DRAM bandwidth are the two walls of host-resident training. " * 200)
     byte_vocab = tmp_path / "tiny300.json"  # the byte-level tokenizer needs 256 ids
@@ -145,6 +145,8 @@ def test_compact_state_driver_runs_every_part_on_the_cpu(tmp_path, tiny_config):
     steps = {r["state"]: r for r in rows if r["part"] == "steps"}
     assert set(steps) == {"bf16+int8"} and steps["bf16+int8"]["rc"] == 0 and steps["bf16+int8"]["step_time_s"] > 0
     assert steps["bf16+int8"]["measured_host_state_bytes_per_param"] == pytest.approx(6.03, abs=0.05)
+    assert steps["bf16+int8"]["adam_threads"] == 1  # the policy the run trained with says so too
+    assert "adam_threads: 1" in (out / "runs" / "steps-tiny-b2-bf16+int8-t1" / "policy.yaml").read_text()
     tuned = {r["state"]: r for r in rows if r["part"] == "finetune"}
     assert set(tuned) == {"fp32+int8"} and tuned["fp32+int8"]["rc"] == 0 and tuned["fp32+int8"]["final_eval_loss"] > 0
     assert (out / "finetune_losses.png").exists() and "fp32+int8" in (out / "finetune.md").read_text()
