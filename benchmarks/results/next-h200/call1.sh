@@ -2,7 +2,7 @@
 # GPU peak 134.3 GiB, 2,650 tokens/s; RESULTS "Next H200 session") and the 80 GiB plan again now that slidedp
 # train asks for expandable segments (predicted 56.6 s/step, peak 79.8 GiB); then #18's remaining GPU tests.
 # Carry: .whl (simpy, datasets 5.2.0, dill, multiprocess). Run: bash benchmarks/results/next-h200/call1.sh
-source benchmarks/results/next-h200/setup.sh
+source benchmarks/results/h200-2026-12-04/setup.sh  # wheels and the project into /tmp, left(), pack_runs
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv > $OUT/c1_env.txt 2>&1
 lscpu >> $OUT/c1_env.txt 2>&1
 timeout $(left 330) python3 -m benchmarks.long_seq_tiled --layers 8 --parts whole --max-seq 524288 --steps 1 \
