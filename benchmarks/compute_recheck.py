@@ -226,32 +226,45 @@ def attention_forms() -> str:
 
 
 def fit_from_runs(profile: str = "h200-x1") -> str:
-    """The two fields of a profile that only training runs measure, fitted (calibration.from_run) to the
-    Qwen3-4B/8B runs of 2026-12-02b/c against ``profile`` with both reset: host.step_update_factor and the loss
-    head's logits bandwidth; the held-out architectures' own values beside them, for comparison only (they are
-    the test set, never fitted)."""
+    """The fields of a profile that only training runs measure, fitted (calibration.from_run) to the Qwen3-4B/8B
+    runs of 2026-12-02b/c against ``profile`` with all of them reset, in the order --from-run fits them: the GPU's
+    step factor, the loss head's logits bandwidth (with that factor), the CPU update's step factor (with both);
+    the held-out architectures' own values beside them, for comparison only (they are the test set)."""
     from dataclasses import replace
 
     from benchmarks.validate_h200 import new_runs, third_runs
-    from slidedp.calibration.from_run import fit_logits_gbps, fit_step_update_factor, load_record
+    from slidedp.calibration.from_run import (
+        fit_logits_gbps,
+        fit_step_compute_factor,
+        fit_step_update_factor,
+        load_record,
+    )
     from slidedp.hardware import load_hardware
     from slidedp.report.rundir import unpack_session
 
     hw = load_hardware(profile)
     by_kind = {k: v for k, v in hw.gpu.compute.memory_gbps_by_kind.items() if k != "logits"}
-    base = replace(hw, host=replace(hw.host, step_update_factor=1.0),
-                   gpu=replace(hw.gpu, compute=replace(hw.gpu.compute, memory_gbps_by_kind=by_kind)))
+    reset = replace(hw, host=replace(hw.host, step_update_factor=1.0),
+                    gpu=replace(hw.gpu, compute=replace(hw.gpu.compute, memory_gbps_by_kind=by_kind, step_factor=1.0)))
+
+    def with_compute(base, **fields):
+        return replace(base, gpu=replace(base.gpu, compute=replace(base.gpu.compute, **fields)))
+
     with tempfile.TemporaryDirectory() as tmp:
         fit_set = [load_record(p) for p in new_runs(Path(tmp) / "new") + third_runs(Path(tmp) / "third")]
         tree = unpack_session(HELD_OUT, Path(tmp) / "held-out")
         held = [load_record(p) for p in sorted([*(tree / "runs").iterdir(), *(tree / "v2" / "runs").iterdir()])
                 if (p / "summary.json").exists()]
         lines = []
-        for name, fit in (("step_update_factor", fit_step_update_factor), ("logits GB/s", fit_logits_gbps)):
-            value, n = fit(fit_set, base)
-            other, m = fit(held, base)
-            lines.append(f"{name} fitted to the 02b/02c runs: {value:.4g} ({n} runs); the held-out runs alone "
-                         f"would give {other:.4g} ({m} runs; not used)")
+        for label, records in (("02b/02c runs", fit_set), ("held-out runs (not used)", held)):
+            base = reset
+            step, n_step = fit_step_compute_factor(records, base)
+            base = with_compute(base, step_factor=step)
+            logits, n_logits = fit_logits_gbps(records, base)
+            base = with_compute(base, memory_gbps_by_kind={**by_kind, "logits": logits})
+            update, n_update = fit_step_update_factor(records, base)
+            lines.append(f"{label}: gpu.compute.step_factor {step:.4f} ({n_step} GPU-bound runs), logits "
+                         f"{logits:.0f} GB/s ({n_logits} runs), host.step_update_factor {update:.3f} ({n_update} runs)")
     return "\n".join(lines)
 
 
@@ -259,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--attention-forms", action="store_true", help="compare the attention cost forms and stop")
     p.add_argument("--fit-from-runs", action="store_true",
-                   help="fit host.step_update_factor and the logits bandwidth to the 02b/02c runs and stop")
+                   help="fit the fields only runs measure (GPU and CPU step factors, logits bandwidth) to the "
+                   "02b/02c runs and stop")
     p.add_argument("--profile", action="append", metavar="NAME=PROFILE",
                    help="a label and a preset name or profile path; give it once per profile")
     p.add_argument("--sessions", action="store_true",

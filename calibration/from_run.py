@@ -4,8 +4,9 @@ A run directory (measured by the runtime, or simulated) holds the trace, the pol
 and a summary with the model's shape. The refit reads what each resource actually delivered in the trace:
 H2D and D2H bandwidth and latency from the copy operations, how much longer the CPU update is busy inside a
 step than the simulator prices it (host.step_update_factor, from the optimizer operations), and the GPU rates
-from the per-layer forward times across runs of different sizes; with shape-aware curves, the achieved bandwidth of
-the loss head's logits chain from the head's forward + backward times.
+from the per-layer forward times across runs of different sizes; with shape-aware curves, how much longer the GPU's
+operations take in a step than in the micro-benchmarks (gpu.compute.step_factor, from the GPU-bound decoder
+layers) and the achieved bandwidth of the loss head's logits chain from the head's forward + backward times.
 """
 
 from __future__ import annotations
@@ -115,6 +116,10 @@ def refit_profile(base: HardwareProfile, records: list[RunRecord]) -> tuple[Hard
     gpu, report_compute = _refit_compute(gpu, records)
     report.update(report_compute)
     if gpu.compute is not None:
+        factor, runs = fit_step_compute_factor(records, replace(base, gpu=gpu, host=host))
+        if factor is not None:
+            gpu = replace(gpu, compute=replace(gpu.compute, step_factor=factor))
+            report["step_compute_factor"] = {"value": factor, "runs": runs}
         logits, runs = fit_logits_gbps(records, replace(base, gpu=gpu, host=host))
         if logits is not None:
             by_kind = {**gpu.compute.memory_gbps_by_kind, "logits": logits}
@@ -179,6 +184,53 @@ def fit_logits_gbps(records: list[RunRecord], base: HardwareProfile) -> tuple[fl
     if mean_log_ratio(lo) < 0:
         return float(np.exp(lo)), len(rows)
     return float(np.exp(brentq(mean_log_ratio, lo, hi, xtol=1e-4))), len(rows)
+
+
+def _decoder_seconds(trace: pd.DataFrame, layers: int) -> float:
+    """Forward + backward seconds of the decoder layers (units 1 .. layers) of rank 0's step."""
+    t = trace[trace["rank"] == 0] if "rank" in trace else trace
+    t = t[t.op.isin(["fwd", "bwd"]) & (t.unit >= 1) & (t.unit <= layers)]
+    return float((t.end_s - t.start_s).sum())
+
+
+# A run's layer passes count for the step factor only where their operations take this many times the CPU's
+# dispatch floor in the base's curves: a dispatch-bound pass measures the CPU issuing kernels (slowed beside
+# the optimizer threads, 1.2-2.3x in the H200 runs), not the GPU.
+GPU_BOUND_MARGIN = 1.5
+
+
+def fit_step_compute_factor(records: list[RunRecord], base: HardwareProfile) -> tuple[float | None, int]:
+    """gpu.compute.step_factor at which the decoder layers' forward + backward are as long as the runs measured
+    them, in the geometric mean over the runs whose layer passes are GPU-bound (GPU_BOUND_MARGIN). None where
+    ``base`` has no shape-aware curves or no run qualifies."""
+    curves = base.gpu.compute
+    if curves is None:
+        return None, 0
+    rows = []
+    for r in records:
+        ops = r.spec.layer_forward_ops(r.policy.micro_batch, r.seq)
+        if curves.total_seconds(ops) < GPU_BOUND_MARGIN * curves.layer_dispatch_us * 1e-6:
+            continue
+        measured = _decoder_seconds(r.trace, r.spec.layers)
+        if measured > 0:
+            rows.append((r, measured))
+    if not rows:
+        return None, 0
+
+    def mean_log_ratio(factor: float) -> float:
+        hw = replace(base, gpu=replace(base.gpu, compute=replace(curves, step_factor=factor)))
+        logs = []
+        for r, measured in rows:
+            units = r.workload(hw).units[1:1 + r.spec.layers]
+            logs.append(np.log(sum(u.fwd_s + u.bwd_s for u in units) / measured))
+        return float(np.mean(logs))
+
+    lo, hi = 0.5, 2.0
+    if mean_log_ratio(lo) > 0:
+        return lo, len(rows)
+    if mean_log_ratio(hi) < 0:
+        return hi, len(rows)
+    return float(brentq(mean_log_ratio, lo, hi, xtol=1e-5)), len(rows)
 
 
 def _layer_seconds(records: list[RunRecord], gpu) -> tuple[float, float]:

@@ -308,3 +308,17 @@ def test_logits_bandwidth_recovers_the_heads_measured_time(tmp_path):
     assert runs == len(records) and logits == pytest.approx(1500.0, rel=0.01)
     layer_level = replace(base, gpu=replace(base.gpu, compute=None))
     assert fit_logits_gbps(records, layer_level) == (None, 0)
+
+
+def test_step_compute_factor_recovers_the_gpus_in_step_slowdown(tmp_path):
+    """Runs whose GPU operations took 6% longer than the micro-benchmarked curves price them: the fit finds 1.06
+    from the decoder layers' passes, skipping none of these GPU-bound runs; without shape curves, nothing to fit."""
+    from slidedp.calibration.from_run import fit_step_compute_factor
+
+    base = load_hardware("h200-x1")
+    base = replace(base, gpu=replace(base.gpu, compute=replace(base.gpu.compute, step_factor=1.0)))
+    truth = replace(base, gpu=replace(base.gpu, compute=replace(base.gpu.compute, step_factor=1.06)))
+    records = [load_record(p) for p in _simulated_runs(tmp_path, truth)]
+    factor, runs = fit_step_compute_factor(records, base)
+    assert 4 <= runs <= len(records) and factor == pytest.approx(1.06, rel=0.005)
+    assert fit_step_compute_factor(records, replace(base, gpu=replace(base.gpu, compute=None))) == (None, 0)

@@ -157,7 +157,7 @@ def test_curves_reject_non_physical_values():
 
     for bad in (dict(gemm_tflops=0.0), dict(memory_gbps=float("inf")), dict(kernel_us=-1.0),
                 dict(attention_half_seq=float("nan")), dict(attention_bwd_us=-5.0),
-                dict(attention_fwd_us=float("inf"))):
+                dict(attention_fwd_us=float("inf")), dict(step_factor=0.0), dict(step_factor=float("nan"))):
         with pytest.raises(SlideDPError):
             replace(CURVES, **bad)
 
@@ -227,3 +227,14 @@ def test_shipped_presets_follow_the_one_chip_rule():
         shipped = load_hardware(path.stem)
         assert shipped.gpu.compute == expected.gpu.compute
         assert "assumed unchanged" in shipped.notes and CHIPS[shipped.gpu.name].source in shipped.notes
+
+
+def test_step_factor_scales_the_operations_not_the_dispatch_floor():
+    """gpu.compute.step_factor prices the GPU's operations inside a step; a pass bound by the CPU's dispatch stays
+    at its floor."""
+    ops = ARCHS["qwen3"].layer_forward_ops(8, 4096)
+    slow = replace(CURVES, step_factor=1.25)
+    assert slow.total_seconds(ops) == pytest.approx(1.25 * CURVES.total_seconds(ops))
+    floor_bound = replace(CURVES, layer_dispatch_us=1e6 * 10 * CURVES.total_seconds(ops), layer_overhead_us=0.0)
+    assert replace(floor_bound, step_factor=1.25).layer_pass_seconds(ops, backward=False) == pytest.approx(
+        floor_bound.layer_pass_seconds(ops, backward=False))
