@@ -202,6 +202,12 @@ class StepWorkload:
         return measured / host.step_update_factor
 
     @property
+    def state_update_rate_needs_saying(self) -> bool:
+        """Whether outputs print state_update_rate_note: the rate is derived, not measured, or a step prices the
+        update slower than it was measured alone (host.step_update_factor)."""
+        return not self.state_update_rate_measured or self.hw.host.step_update_factor != 1.0
+
+    @property
     def state_update_rate_note(self) -> str:
         """One line saying where the update rate comes from, for outputs that print predictions."""
         rate = self.state_update_params_per_s / 1e9

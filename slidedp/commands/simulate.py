@@ -130,7 +130,7 @@ def _print_state(w: StepWorkload, est: StepEstimate, choice: StateChoice | None)
     if choice is not None:
         times = ", ".join(f"{m} {'does not fit' if t is None else f'{t:.3f} s'}" for m, t in choice.step_s.items())
         console.print(f"--state auto chose {choice.state}: {choice.reason} (simulated: {times})")
-    if not w.state_update_rate_measured:
+    if w.state_update_rate_needs_saying:
         console.print(w.state_update_rate_note)
 
 

@@ -82,7 +82,7 @@ def _print(table, result, model: str, hardware: str, seq: int, batch: int, out: 
     console.print(f"host state {best.state.name}: {result.best.memory.host_bytes_per_param:.2f} B/param, "
                   f"host {result.best.memory.host_total_gib():.1f} GiB"
                   + (f"; chosen by --state auto: {choice.reason}" if choice else ""))
-    if not best.state_update_rate_measured:
+    if best.state_update_rate_needs_saying:
         console.print(best.state_update_rate_note)
     console.print(f"wrote policy {out} and ranked table {ranked}")
 

@@ -82,8 +82,9 @@ def test_the_step_update_factor_divides_every_modes_rate_and_is_said():
                                                                        state_update_gparams_per_s=rates or {})),
                             Policy(state=state), 512, 1)
         assert slow.state_update_params_per_s == pytest.approx(plain.state_update_params_per_s / 1.25)
-        assert "step_update_factor" in slow.state_update_rate_note
+        assert "step_update_factor" in slow.state_update_rate_note and slow.state_update_rate_needs_saying
         assert "step_update_factor" not in plain.state_update_rate_note
+        assert plain.state_update_rate_needs_saying == (not plain.state_update_rate_measured)
     with pytest.raises(SlideDPError, match="step_update_factor"):
         replace(H200.host, step_update_factor=0.0)
 
