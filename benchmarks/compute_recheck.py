@@ -53,26 +53,20 @@ def _workload(spec, policy, seq: int, batch: int, hw):
 
 def compute_seconds(trace) -> float:
     """GPU compute busy time of rank 0's step (the trace's compute operations)."""
+    from slidedp.calibration.from_run import rank0_ops
     from slidedp.exposure import OP_CATEGORY
 
-    t = trace[trace["rank"] == 0] if "rank" in trace else trace
-    t = t[t.op.map(lambda op: OP_CATEGORY.get(op) == "compute")]
+    t = rank0_ops(trace, tuple(op for op, category in OP_CATEGORY.items() if category == "compute"))
     return float((t.end_s - t.start_s).sum())
 
 
-def busy_seconds(trace, op: str) -> float:
-    """Rank 0's busy seconds in ``op`` (e.g. "adam": the CPU update's chunks, wherever they ran in the step)."""
-    t = trace[trace["rank"] == 0] if "rank" in trace else trace
-    t = t[t.op == op]
-    return float((t.end_s - t.start_s).sum())
+def held_out_dirs(tmp: Path) -> list[Path]:
+    """The run directories of both held-out architecture sets (HELD_OUT's runs/ and v2/runs/), unpacked in tmp."""
+    from slidedp.report.rundir import unpack_session
 
-
-def unit_seconds(trace) -> tuple[float, float]:
-    """Forward + backward seconds of the loss head (the last unit) and of the first decoder layer (unit 1)."""
-    t = trace[trace["rank"] == 0] if "rank" in trace else trace
-    t = t[t.op.isin(["fwd", "bwd"])]
-    d = t.end_s - t.start_s
-    return float(d[t.unit == t.unit.max()].sum()), float(d[t.unit == 1].sum())
+    tree = unpack_session(HELD_OUT, tmp / "held-out")
+    return sorted(p for p in [*(tree / "runs").iterdir(), *(tree / "v2" / "runs").iterdir()]
+                  if (p / "summary.json").exists())
 
 
 def measured_runs(tmp: Path, sessions: bool) -> list[Measured]:
@@ -82,15 +76,12 @@ def measured_runs(tmp: Path, sessions: bool) -> list[Measured]:
     from slidedp.calibration.from_run import load_record
     from slidedp.model_spec import ModelSpec
     from slidedp.policy import Policy
-    from slidedp.report.rundir import unpack_session
 
     def from_dirs(which, dirs):
         records = [load_record(path) for path in dirs]
         return [Measured(which, r.label, r.workload, r.measured_s, r.measured_limiter, r.trace) for r in records]
 
-    tree = unpack_session(HELD_OUT, tmp / "held-out")
-    runs = from_dirs("held-out", sorted(p for p in [*(tree / "runs").iterdir(), *(tree / "v2" / "runs").iterdir()]
-                                        if (p / "summary.json").exists()))
+    runs = from_dirs("held-out", held_out_dirs(tmp))
     for path in LONG_SEQ:
         for row in read_jsonl(path):
             if row.get("status") == "ok":
@@ -104,6 +95,7 @@ def measured_runs(tmp: Path, sessions: bool) -> list[Measured]:
 
 
 def predict(profiles: dict[str, str], sessions: bool = False) -> list[dict]:
+    from slidedp.calibration.from_run import busy_seconds, head_pass_seconds, unit_pass_seconds
     from slidedp.hardware import load_hardware
     from slidedp.sim import simulate
 
@@ -116,12 +108,13 @@ def predict(profiles: dict[str, str], sessions: bool = False) -> list[dict]:
                    "measured_head_s": None, "measured_layer_s": None}
             row["measured_adam_s"] = None if run.trace is None else busy_seconds(run.trace, "adam")
             if run.trace is not None:
-                row["measured_head_s"], row["measured_layer_s"] = unit_seconds(run.trace)
+                row["measured_head_s"] = head_pass_seconds(run.trace)
+                row["measured_layer_s"] = unit_pass_seconds(run.trace, 1, 1)
             for name, hw in hardware.items():
                 sim = simulate(run.workload(hw))
-                head, layer = unit_seconds(sim.trace)
                 row[name] = {"step_s": sim.step_time_s, "compute_s": sim.compute_s, "limiter": sim.limiter,
-                             "head_s": head, "layer_s": layer, "adam_s": busy_seconds(sim.trace, "adam")}
+                             "head_s": head_pass_seconds(sim.trace), "layer_s": unit_pass_seconds(sim.trace, 1, 1),
+                             "adam_s": busy_seconds(sim.trace, "adam")}
             rows.append(row)
     return rows
 
@@ -240,28 +233,22 @@ def fit_from_runs(profile: str = "h200-x1") -> str:
         load_record,
     )
     from slidedp.hardware import load_hardware
-    from slidedp.report.rundir import unpack_session
 
     hw = load_hardware(profile)
     by_kind = {k: v for k, v in hw.gpu.compute.memory_gbps_by_kind.items() if k != "logits"}
     reset = replace(hw, host=replace(hw.host, step_update_factor=1.0),
                     gpu=replace(hw.gpu, compute=replace(hw.gpu.compute, memory_gbps_by_kind=by_kind, step_factor=1.0)))
 
-    def with_compute(base, **fields):
-        return replace(base, gpu=replace(base.gpu, compute=replace(base.gpu.compute, **fields)))
-
     with tempfile.TemporaryDirectory() as tmp:
         fit_set = [load_record(p) for p in new_runs(Path(tmp) / "new") + third_runs(Path(tmp) / "third")]
-        tree = unpack_session(HELD_OUT, Path(tmp) / "held-out")
-        held = [load_record(p) for p in sorted([*(tree / "runs").iterdir(), *(tree / "v2" / "runs").iterdir()])
-                if (p / "summary.json").exists()]
+        held = [load_record(p) for p in held_out_dirs(Path(tmp))]
         lines = []
         for label, records in (("02b/02c runs", fit_set), ("held-out runs (not used)", held)):
             base = reset
             step, n_step = fit_step_compute_factor(records, base)
-            base = with_compute(base, step_factor=step)
+            base = replace(base, gpu=replace(base.gpu, compute=replace(base.gpu.compute, step_factor=step)))
             logits, n_logits = fit_logits_gbps(records, base)
-            base = with_compute(base, memory_gbps_by_kind={**by_kind, "logits": logits})
+            base = replace(base, gpu=replace(base.gpu, compute=base.gpu.compute.with_module_gbps("logits", logits)))
             update, n_update = fit_step_update_factor(records, base)
             lines.append(f"{label}: gpu.compute.step_factor {step:.4f} ({n_step} GPU-bound runs), logits "
                          f"{logits:.0f} GB/s ({n_logits} runs), host.step_update_factor {update:.3f} ({n_update} runs)")

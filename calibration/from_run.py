@@ -122,17 +122,35 @@ def refit_profile(base: HardwareProfile, records: list[RunRecord]) -> tuple[Hard
             report["step_compute_factor"] = {"value": factor, "runs": runs}
         logits, runs = fit_logits_gbps(records, replace(base, gpu=gpu, host=host))
         if logits is not None:
-            by_kind = {**gpu.compute.memory_gbps_by_kind, "logits": logits}
-            gpu = replace(gpu, compute=replace(gpu.compute, memory_gbps_by_kind=by_kind))
+            gpu = replace(gpu, compute=gpu.compute.with_module_gbps("logits", logits))
             report["logits_gbps"] = {"value": logits, "runs": runs}
     notes = (base.notes + " | " if base.notes else "") + f"refitted from {len(records)} run(s)"
     return replace(base, name=f"{base.name}-refit", gpu=gpu, host=host, notes=notes), report
 
 
-def _busy(trace: pd.DataFrame, op: str) -> float:
+def rank0_ops(trace: pd.DataFrame, ops: tuple[str, ...]) -> pd.DataFrame:
+    """Rank 0's operations named ``ops`` in a trace (measured or simulated; a one-process trace has no rank)."""
     t = trace[trace["rank"] == 0] if "rank" in trace else trace
-    t = t[t.op == op]
+    return t[t.op.isin(ops)]
+
+
+def busy_seconds(trace: pd.DataFrame, op: str) -> float:
+    """Rank 0's busy seconds in ``op`` (e.g. "adam": the CPU update's chunks, wherever they ran in the step)."""
+    t = rank0_ops(trace, (op,))
     return float((t.end_s - t.start_s).sum())
+
+
+def unit_pass_seconds(trace: pd.DataFrame, first: int, last: int) -> float:
+    """Forward + backward seconds of rank 0's units ``first`` .. ``last``."""
+    t = rank0_ops(trace, ("fwd", "bwd"))
+    t = t[(t.unit >= first) & (t.unit <= last)]
+    return float((t.end_s - t.start_s).sum())
+
+
+def head_pass_seconds(trace: pd.DataFrame) -> float:
+    """Forward + backward seconds of rank 0's loss head (the last unit, whatever its index)."""
+    units = rank0_ops(trace, ("fwd", "bwd")).unit
+    return 0.0 if units.empty else unit_pass_seconds(trace, int(units.max()), int(units.max()))
 
 
 def fit_step_update_factor(records: list[RunRecord], base: HardwareProfile) -> tuple[float, int]:
@@ -142,23 +160,16 @@ def fit_step_update_factor(records: list[RunRecord], base: HardwareProfile) -> t
     and how many runs had an update to compare (none: ``base``'s factor)."""
     ratios = []
     for r in records:
-        measured = _busy(r.trace, "adam")
+        measured = busy_seconds(r.trace, "adam")
         if measured <= 0:
             continue
-        simulated = _busy(simulate(r.workload(base)).trace, "adam")
+        simulated = busy_seconds(simulate(r.workload(base)).trace, "adam")
         if simulated > 0:
             ratios.append(measured / simulated)
     if not ratios:
         return base.host.step_update_factor, 0
     factor = base.host.step_update_factor * float(np.mean(ratios))
     return min(10.0, max(0.25, factor)), len(ratios)
-
-
-def _head_seconds(trace: pd.DataFrame) -> float:
-    """Forward + backward seconds of the loss head (the last unit) of rank 0's step."""
-    t = trace[trace["rank"] == 0] if "rank" in trace else trace
-    t = t[t.op.isin(["fwd", "bwd"])]
-    return float((t.end_s - t.start_s)[t.unit == t.unit.max()].sum()) if not t.empty else 0.0
 
 
 def fit_logits_gbps(records: list[RunRecord], base: HardwareProfile) -> tuple[float | None, int]:
@@ -168,12 +179,12 @@ def fit_logits_gbps(records: list[RunRecord], base: HardwareProfile) -> tuple[fl
     micro-benchmarks of the head where a GPU is at hand). None where ``base`` has no shape-aware curves, no
     run has a head, or no bandwidth up to the chip's would be fast enough."""
     curves = base.gpu.compute
-    rows = [(r, m) for r in records if (m := _head_seconds(r.trace)) > 0] if curves is not None else []
+    rows = [(r, m) for r in records if (m := head_pass_seconds(r.trace)) > 0] if curves is not None else []
     if not rows:
         return None, 0
 
     def mean_log_ratio(log_gbps: float) -> float:
-        trial = replace(curves, memory_gbps_by_kind={**curves.memory_gbps_by_kind, "logits": float(np.exp(log_gbps))})
+        trial = curves.with_module_gbps("logits", np.exp(log_gbps))
         hw = replace(base, gpu=replace(base.gpu, compute=trial))
         heads = [r.workload(hw).units[-1] for r, _ in rows]
         return float(np.mean([np.log((u.fwd_s + u.bwd_s) / m) for u, (_, m) in zip(heads, rows, strict=True)]))
@@ -184,13 +195,6 @@ def fit_logits_gbps(records: list[RunRecord], base: HardwareProfile) -> tuple[fl
     if mean_log_ratio(lo) < 0:
         return float(np.exp(lo)), len(rows)
     return float(np.exp(brentq(mean_log_ratio, lo, hi, xtol=1e-4))), len(rows)
-
-
-def _decoder_seconds(trace: pd.DataFrame, layers: int) -> float:
-    """Forward + backward seconds of the decoder layers (units 1 .. layers) of rank 0's step."""
-    t = trace[trace["rank"] == 0] if "rank" in trace else trace
-    t = t[t.op.isin(["fwd", "bwd"]) & (t.unit >= 1) & (t.unit <= layers)]
-    return float((t.end_s - t.start_s).sum())
 
 
 # A run's layer passes count for the step factor only where their operations take this many times the CPU's
@@ -211,7 +215,7 @@ def fit_step_compute_factor(records: list[RunRecord], base: HardwareProfile) -> 
         ops = r.spec.layer_forward_ops(r.policy.micro_batch, r.seq)
         if curves.total_seconds(ops) < GPU_BOUND_MARGIN * curves.layer_dispatch_us * 1e-6:
             continue
-        measured = _decoder_seconds(r.trace, r.spec.layers)
+        measured = unit_pass_seconds(r.trace, 1, r.spec.layers)
         if measured > 0:
             rows.append((r, measured))
     if not rows:

@@ -195,12 +195,12 @@ def _fit_logits(curves: ComputeCurves, heads, peak_memory_gbps: float, residuals
     meas = np.array([t for _, _, t in heads])
 
     def pred(y):
-        trial = replace(curves, memory_gbps_by_kind={**curves.memory_gbps_by_kind, "logits": float(y[0])})
+        trial = curves.with_module_gbps("logits", y[0])
         return np.array([trial.total_seconds(ops) for _, ops, _ in heads])
 
     y = _solve(lambda y: np.log(pred(y) / meas), [curves.memory_gbps], [1e-3], [peak_memory_gbps])
     residuals["heads"] = _rel_rms(pred(y), meas)
-    return replace(curves, memory_gbps_by_kind={**curves.memory_gbps_by_kind, "logits": float(y[0])})
+    return curves.with_module_gbps("logits", y[0])
 
 
 def samples_to_json(samples: ShapeSamples) -> dict:

@@ -17,7 +17,7 @@ exactly those modules, so a count that is off by a constant is absorbed by the f
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from slidedp.errors import SlideDPError
 
@@ -165,6 +165,10 @@ class ComputeCurves:
             if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
                 raise SlideDPError(f"gpu.compute.memory_gbps_by_kind.{kind} must be a finite positive number, "
                                    f"got {value!r}")
+
+    def with_module_gbps(self, kind: str, gbps: float) -> ComputeCurves:
+        """These curves with one memory-bound module (a MEASURED_KIND value) priced at ``gbps``."""
+        return replace(self, memory_gbps_by_kind={**self.memory_gbps_by_kind, kind: float(gbps)})
 
     def gemm_seconds(self, op: Gemm) -> float:
         eff = 1.0 / (1.0 + self.gemm_half_m / op.m + self.gemm_half_n / op.n + self.gemm_half_k / op.k)
