@@ -178,7 +178,8 @@ def fit_curves(samples: ShapeSamples, peak_tflops: float, peak_memory_gbps: floa
                                ("attention_fwd_tflops", att_fwd, peak_tflops),
                                ("attention_bwd_tflops", att_bwd, peak_tflops),
                                ("memory_gbps", memory_gbps, peak_memory_gbps),
-                               *((f"memory_gbps_by_kind.{k}", v, peak_memory_gbps) for k, v in by_kind.items())):
+                               *((f"memory_gbps_by_kind.{k}", v, peak_memory_gbps)
+                                 for k, v in curves.memory_gbps_by_kind.items())):
         if value >= 0.995 * bound:
             warnings.append(f"{name} {value:.4g} sits at the chip's peak {bound:.4g}: not credible")
     for family, res in residuals.items():

@@ -152,6 +152,15 @@ def test_a_fit_that_runs_into_the_chips_peak_is_flagged():
     assert any("gemm_tflops" in w and "not credible" in w for w in fit.warnings)
 
 
+def test_a_logits_bandwidth_at_the_chips_peak_is_flagged():
+    """Loss heads faster than any logits bandwidth up to the chip's could make them: the head fit runs into the
+    peak and says so, like every other fitted bandwidth."""
+    fast = replace(CURVES, memory_gbps_by_kind={"logits": 1e6})
+    fit = fit_curves(_synthetic(fast, 0.0), peak_tflops=989.0, peak_memory_gbps=4800.0)
+    assert any("memory_gbps_by_kind.logits" in w and "not credible" in w for w in fit.warnings)
+    assert not [w for w in fit_curves(_synthetic(CURVES, 0.0), 989.0, 4800.0).warnings if "logits" in w]
+
+
 def test_curves_reject_non_physical_values():
     from slidedp.errors import SlideDPError
 
