@@ -1,12 +1,10 @@
-# 2026-12-05 call 3 (#16): Qwen3-14B (40 layers) in bf16+int8 at batch 4 and 16 (predicted before: 8.557 and
-# 16.42 s/step), then the update rates with the faster compact kernel at 8 and 16 threads.
+# 2026-12-05 call 3 (#16), what the session's device time leaves (about 4 minutes): the update rates with the
+# compact kernel made faster after 2026-12-04 (1.45-1.7x per thread on the development machine), at 16 and 8
+# threads, 64M parameters per pass. Qwen3-14B batch 4/16 (benchmarks/results/next-h200/call3.sh) waits.
 source benchmarks/results/h200-2026-12-04/setup.sh  # wheels and the project into /tmp, left(), pack_runs
 O=/tmp/c3; mkdir -p $O
-B=${BUDGET:-480}
-timeout $(left $((B - 90))) python3 -m benchmarks.compact_state big --batches 4 16 --steps 3 --out $O/big \
-  > $OUT/c3_big.log 2>&1
-cp $O/big/results.jsonl $OUT/c3_big.jsonl 2>/dev/null
+B=${BUDGET:-200}
+lscpu > $OUT/c3_lscpu.txt 2>&1
 timeout $(left $((B - 5))) python3 -m benchmarks.compact_state rates --threads 16 8 --params 64000000 --repeats 3 \
   --states fp32 bf16+int8 fp32+int8 fp32+bf16 bf16+bf16 --out $O/rates > $OUT/c3_rates.log 2>&1
 cp $O/rates/results.jsonl $OUT/c3_rates.jsonl 2>/dev/null
-pack_runs c3_runs.tgz $O
