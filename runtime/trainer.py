@@ -48,7 +48,7 @@ from slidedp.runtime.shared_dir import (
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.sim import simulate
 from slidedp.trace import EXPOSURE_CATEGORIES, busiest_resource
-from slidedp.workload import StepWorkload
+from slidedp.workload import StepWorkload, threads_for_this_machine
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -183,6 +183,7 @@ class Trainer:
         self.host_index = int(os.environ.get("GROUP_RANK", "0")) if s.hosts > 1 else 0  # torchrun's node rank
         hw = s.hardware if s.hardware.num_gpus == self.ranks_per_host else s.hardware.with_gpus(self.ranks_per_host)
         self.workload = StepWorkload(self.model_spec, hw, s.policy, s.seq, self.per_rank * self.ranks_per_host)
+        self.adam_threads_used = self.workload.adam_threads  # capped to this machine's cores on a GPU run
         if s.seq > getattr(self.config, "max_position_embeddings", s.seq):
             raise SlideDPError(f"--seq {s.seq} exceeds the model's max_position_embeddings "
                                f"{self.config.max_position_embeddings}")
@@ -281,7 +282,7 @@ class Trainer:
                  f"= {host.total_bytes() / GIB:.2f} GiB (one copy for {comm.world} rank(s), pinned={host.pinned}"
                  f"{f'; host {groups.host} of {groups.hosts}, {s.policy.host_layout}' if groups.hosts > 1 else ''}); "
                  f"{where}")
-        threads = self.workload.adam_threads if device.is_cuda else None
+        threads = self._adam_threads(comm.rank) if device.is_cuda else None
         seed = int(self.resume_meta.get("rounding_seed", s.seed)) if self.resume_meta else s.seed
         config = EngineConfig(s.policy, s.optim, s.seq, self.compute_dtype, adam_threads=threads, rounding_seed=seed)
         engine = StreamingEngine(config, adapter, self.model_spec, host, device, TraceRecorder(device, rank=world.rank),
@@ -350,6 +351,16 @@ class Trainer:
         if comm.world != self.spec.world:
             raise SlideDPError(f"launched with {comm.world} ranks, the run asked for {self.spec.world}")
         return groups
+
+    def _adam_threads(self, rank: int) -> int:
+        """The planned optimizer threads, capped at this machine's cores per rank (said once, by rank 0)."""
+        planned, cores = self.workload.adam_threads, len(os.sched_getaffinity(0))
+        threads = threads_for_this_machine(planned, cores, self.ranks_per_host)
+        self.adam_threads_used = threads
+        if threads < planned and rank == 0:
+            self.log(f"optimizer threads: {threads} per rank, not the plan's {planned}: this machine has {cores} "
+                     f"cores for {self.ranks_per_host} rank(s) (the profile or policy describes a larger host)")
+        return threads
 
     def _initialise(self, host: HostState, adapter: ModelAdapter, device: Device) -> int:
         """Fill the state (resume, HF weights or random init); returns the data step to continue from."""
@@ -497,7 +508,7 @@ class Trainer:
         predicted = simulate(self.workload)
         return RunSummary(
             model=self.model_spec.name, model_spec=self.model_spec.to_dict(), hardware=s.hardware.name,
-            gpus=s.world, seq=s.seq, adam_threads=self.workload.adam_threads,
+            gpus=s.world, seq=s.seq, adam_threads=self.adam_threads_used,
             batch=self.per_step, tokens_per_step=self.per_step * s.seq, policy=s.policy.to_dict(),
             ranks=s.world,
             source="measured", device=self.device_name, dtype=str(self.compute_dtype).replace("torch.", ""),

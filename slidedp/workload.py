@@ -27,6 +27,14 @@ def default_adam_threads(hw: HardwareProfile, policy: Policy) -> int:
     return max(1, hw.host.cores // hw.num_gpus)
 
 
+def threads_for_this_machine(planned: int, cores: int, ranks_per_host: int) -> int:
+    """The optimizer threads a rank runs with on the machine it is on: the plan's, but never more than this
+    machine's cores split by its ranks. A profile (or a tuned policy) written for a larger host would otherwise
+    oversubscribe the cores, and the CPU update would run slower than with fewer threads (the workers of several
+    ranks contend for the same cores)."""
+    return max(1, min(planned, cores // max(1, ranks_per_host)))
+
+
 class StepWorkload:
     """Model x hardware x policy x (seq, global batch): every quantity one step moves or computes.
 
