@@ -13,6 +13,7 @@ saved as a local Hugging Face tokenizer directory (no hub).
 
 Runs (each a ``slidedp train`` subprocess, TensorBoard logs on):
   chat   ``--format messages`` (answers trained on, packed, per-conversation attention), eval every ``--eval-every``
+  chat-mask  the chat run with ``--packed-attention mask`` (a block-causal mask instead of the varlen kernel)
   text   the same conversations rendered by the template as plain text, ``--format text`` (every token trained on,
          windows across conversations): what the chat machinery costs in tokens/s
 
@@ -230,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", help="policy YAML (default: train's default policy)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--hardware", default="h200-x1")
-    ap.add_argument("--runs", nargs="+", choices=["chat", "text"], default=["chat", "text"])
+    ap.add_argument("--runs", nargs="+", choices=["chat", "chat-mask", "text"], default=["chat", "text"],
+                    help="chat-mask: the chat run with --packed-attention mask (the block-causal mask, not varlen)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     chat, chat_eval, text, _, what = prepare(args)
@@ -238,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {"chat": ["--data", str(chat), "--format", "messages", "--eval-data", str(chat_eval), "--eval-every",
                      str(args.eval_every)],
             "text": ["--data", str(text), "--format", "text"]}
+    runs["chat-mask"] = [*runs["chat"], "--packed-attention", "mask"]
     rows = [train(args, name, runs[name]) for name in args.runs]
     plot(rows, args.out, what)
     failed = [r["run"] for r in rows if r["rc"] != 0]

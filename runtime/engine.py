@@ -49,6 +49,7 @@ from slidedp.runtime.hf_adapter import ModelAdapter
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.loss_head import LossHead
 from slidedp.runtime.optim import OptimConfig, clip_coefficient, lr_at
+from slidedp.runtime.packed_attention import VarlenKernel, VarlenRows, use_packed_attention, varlen_rows
 from slidedp.runtime.packing import Rows, block_causal_mask
 from slidedp.runtime.seq_tiles import run_layer
 from slidedp.runtime.streaming import ActivationOffload, DeviceUnit, ParamStreamer
@@ -78,6 +79,7 @@ class EngineConfig:
     fused_adam: bool | None = None
     resident_weights: bool = False
     rounding_seed: int = 0  # compact state: the stochastic rounding's seed (a resumed run keeps its run's)
+    varlen_kernel: VarlenKernel | None = None  # packed rows: this varlen attention kernel (None: the mask)
 
     def __post_init__(self) -> None:
         if self.policy.update_schedule == "as_ready" and self.optim.max_grad_norm is not None:
@@ -97,12 +99,18 @@ class StepStats:
 
 @dataclass(frozen=True)
 class _Attention:
-    """What a layer call needs besides its input: position ids, their rotary embeddings, and the mask (None:
-    plain causal, which lets SDPA take its fastest kernel; packed rows get a block-diagonal causal mask)."""
+    """What a layer call needs besides its input: position ids, their rotary embeddings, and how attention stays
+    inside each packed example: a block-diagonal causal ``mask``, or the examples' offsets for the varlen kernel
+    (``varlen``); neither for plain causal rows, which lets SDPA take its fastest kernel."""
 
     pos: torch.Tensor
     pe: tuple[torch.Tensor, torch.Tensor]
     mask: torch.Tensor | None
+    varlen: VarlenRows | None = None
+
+    def layer_kwargs(self) -> dict:
+        kwargs = {"attention_mask": self.mask, "position_embeddings": self.pe, "position_ids": self.pos}
+        return kwargs | self.varlen.layer_kwargs() if self.varlen is not None else kwargs
 
 
 @dataclass
@@ -154,6 +162,8 @@ class StreamingEngine:
         self.units = adapter.units
         self.tied = adapter.tied
         self.rotary = adapter.rotary(device.torch_device)
+        if config.varlen_kernel is not None:
+            use_packed_attention(adapter.skeleton.config)
         check_gpu_state_units(pol.gpu_state_units, len(self.units))
         self._work = unit_work(spec, pol.activation, pol.micro_batch, pol.accumulation, config.seq,
                                pol.loss_chunk_tokens, pol.seq_tile_tokens)
@@ -246,12 +256,15 @@ class StreamingEngine:
         attn = []
         with torch.no_grad():
             for part in parts:
+                mask = varlen = None
                 if part.position_ids is None:  # one causal sequence per row: shared positions, no mask
                     pos = torch.arange(rows.seq, device=device).unsqueeze(0)
-                    mask = None
+                elif self.config.varlen_kernel is not None:
+                    pos, varlen = part.position_ids, varlen_rows(part.segments, self.config.varlen_kernel)
                 else:
                     pos, mask = part.position_ids, block_causal_mask(part.segments)
-                attn.append(_Attention(pos, self.rotary(torch.empty(1, dtype=self.cdt, device=device), pos), mask))
+                pe = self.rotary(torch.empty(1, dtype=self.cdt, device=device), pos)
+                attn.append(_Attention(pos, pe, mask, varlen))
         return [p.input_ids for p in parts], [p.labels for p in parts], attn
 
     def _new_step(self, rows: Rows, inv_tokens: float) -> _Step:
@@ -333,8 +346,7 @@ class StreamingEngine:
 
     def _layer(self, du: DeviceUnit, x: torch.Tensor, attn: _Attention, params) -> torch.Tensor:
         """A decoder layer, whole or over sequence tiles (runtime/seq_tiles.py, Policy.seq_tile_tokens)."""
-        return run_layer(self.adapter.layer_module(du.layout), params, x,
-                         {"attention_mask": attn.mask, "position_embeddings": attn.pe, "position_ids": attn.pos},
+        return run_layer(self.adapter.layer_module(du.layout), params, x, attn.layer_kwargs(),
                          self.policy.seq_tile_tokens)
 
     def _layer_forward(self, st: _Step, u: int, du: DeviceUnit) -> list[torch.Tensor]:

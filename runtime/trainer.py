@@ -36,6 +36,7 @@ from slidedp.runtime.engine import EngineConfig, StepStats, StreamingEngine, sha
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig
+from slidedp.runtime.packed_attention import VarlenKernel, torch_varlen_kernel, varlen_available
 from slidedp.runtime.run_logs import RunLog, check_logger, perplexity
 from slidedp.runtime.shared_dir import (
     LAUNCHER_PID_ENV,
@@ -85,6 +86,7 @@ class TrainSpec:
     hosts: int = 1  # hosts of the run (torchrun --nnodes); each keeps one host state for its world / hosts ranks
     ranks_per_gpu: int = 1  # ranks sharing one GPU: rank r computes on GPU r // ranks_per_gpu
     on_nonfinite: str = "skip"  # skip the step, or stop the run, when the gradient norm is NaN/inf
+    packed_attention: str = "varlen"  # packed rows: varlen (flash's kernel where CUDA has it, else mask) | mask
     eval_every: int = 0  # evaluate every N steps (and at the end) when there is eval data; 0: at the end only
     log: str = "none"  # tensorboard | wandb | none (metrics.csv is always written)
     keep: int = 1  # checkpoints kept: the latest plus keep - 1 older ones
@@ -284,7 +286,8 @@ class Trainer:
                  f"{where}")
         threads = self._adam_threads(comm.rank) if device.is_cuda else None
         seed = int(self.resume_meta.get("rounding_seed", s.seed)) if self.resume_meta else s.seed
-        config = EngineConfig(s.policy, s.optim, s.seq, self.compute_dtype, adam_threads=threads, rounding_seed=seed)
+        config = EngineConfig(s.policy, s.optim, s.seq, self.compute_dtype, adam_threads=threads, rounding_seed=seed,
+                              varlen_kernel=self._varlen_kernel(device))
         engine = StreamingEngine(config, adapter, self.model_spec, host, device, TraceRecorder(device, rank=world.rank),
                                  groups=groups)
         if s.resume and host.share is not None:  # each host loaded its share: every host's into every slot
@@ -351,6 +354,17 @@ class Trainer:
         if comm.world != self.spec.world:
             raise SlideDPError(f"launched with {comm.world} ranks, the run asked for {self.spec.world}")
         return groups
+
+    def _varlen_kernel(self, device: Device) -> VarlenKernel | None:
+        """The varlen attention kernel for packed rows (--packed-attention varlen where this device has one)."""
+        packed = self.data.rows.position_ids is not None
+        if self.spec.packed_attention != "varlen" or not packed:
+            return None
+        if not varlen_available(device.torch_device):
+            self.log(f"packed rows: attention through a block-causal mask (no varlen kernel on {device.torch_device})")
+            return None
+        self.log("packed rows: attention through flash's variable-length kernel (--packed-attention mask: the mask)")
+        return torch_varlen_kernel()
 
     def _adam_threads(self, rank: int) -> int:
         """The planned optimizer threads, capped at this machine's cores per rank (said once, by rank 0)."""

@@ -72,6 +72,9 @@ def add_train_args(train: argparse.ArgumentParser) -> None:
                       help="one example per sequence (default: many per sequence, attention kept inside each)")
     data.add_argument("--too-long", default="truncate", choices=["truncate", "drop"],
                       help="examples longer than --seq: truncate (default) or drop; the count is printed")
+    data.add_argument("--packed-attention", default="varlen", choices=["varlen", "mask"],
+                      help="how packed rows keep attention inside each example: flash's variable-length kernel "
+                           "(default; CUDA, else the mask) or a block-causal mask")
     data.add_argument("--eval-data", help="eval file or directory (same format)")
     data.add_argument("--eval-fraction", type=fraction, default=0.0, help="hold out this fraction of the rows")
     data.add_argument("--eval-every", type=non_negative_int, default=0,
@@ -243,7 +246,7 @@ def build_train_spec(args: argparse.Namespace, log=print):
                      dtype=args.dtype, seed=args.seed, resume=args.resume, save_every=args.save_every,
                      export_hf=args.export_hf, gpu_budget_gib=args.gpu_budget, host_limit_gib=args.host_limit,
                      final_checkpoint=not args.no_checkpoint, world=world, hosts=args.nnodes,
-                     on_nonfinite=args.on_nonfinite,
+                     on_nonfinite=args.on_nonfinite, packed_attention=args.packed_attention,
                      ranks_per_gpu=args.ranks_per_gpu,
                      eval_every=args.eval_every, log=args.log, keep=args.keep, cache_dir=args.cache_dir,
                      run_config=settings(args), policy_source=source, tuner_step_time_s=tuned)

@@ -29,8 +29,10 @@ def batches(vocab: int, seq: int, n_seq: int, steps: int, seed: int = 0) -> list
     return [torch.randint(0, vocab, (n_seq, seq + 1), generator=g) for _ in range(steps)]
 
 
-def make_engine(config_path: str, policy: Policy, seq: int, optim: OptimConfig = OPTIM, seed: int = 0):
-    """A CPU fp32 streaming engine on an unpinned host state with a seeded init: (engine, adapter, host)."""
+def make_engine(config_path: str, policy: Policy, seq: int, optim: OptimConfig = OPTIM, seed: int = 0,
+                varlen_kernel=None):
+    """A CPU fp32 streaming engine on an unpinned host state with a seeded init: (engine, adapter, host).
+    ``varlen_kernel``: packed rows attend through it instead of the block-causal mask."""
     cfg = load_hf_config(config_path)
     adapter = ModelAdapter(cfg)
     host = HostState.allocate(adapter.total_params, torch.float32, torch.float32, pin=False,
@@ -38,8 +40,8 @@ def make_engine(config_path: str, policy: Policy, seq: int, optim: OptimConfig =
     host.init_random(adapter, seed)
     spec = ModelSpec.from_hf_config(json.loads(Path(config_path).read_text()), name="tiny")
     device = Device("cpu")
-    engine = StreamingEngine(EngineConfig(policy, optim, seq, torch.float32), adapter, spec, host, device,
-                             TraceRecorder(device))
+    engine = StreamingEngine(EngineConfig(policy, optim, seq, torch.float32, varlen_kernel=varlen_kernel), adapter,
+                             spec, host, device, TraceRecorder(device))
     return engine, adapter, host
 
 
