@@ -41,11 +41,12 @@ class RunRecord:
     measured_s: float
     measured_limiter: str
     trace: pd.DataFrame
+    attention_span: float | None = None  # packed rows through the varlen kernel (RunSummary.attention_span)
 
     def workload(self, hw: HardwareProfile) -> StepWorkload:
         machine = hw if hw.num_gpus == self.ranks else hw.with_gpus(self.ranks)
         policy = self.policy if self.adam_threads is None else replace(self.policy, adam_threads=self.adam_threads)
-        return StepWorkload(self.spec, machine, policy, self.seq, self.batch)
+        return StepWorkload(self.spec, machine, policy, self.seq, self.batch, attention_span=self.attention_span)
 
 
 def load_record(path: str | Path) -> RunRecord:
@@ -58,7 +59,8 @@ def load_record(path: str | Path) -> RunRecord:
     return RunRecord(label=Path(path).name, spec=ModelSpec(**s.model_spec), policy=Policy.from_dict(s.policy),
                      seq=int(s.seq), batch=int(s.batch), ranks=int(ranks), adam_threads=s.adam_threads,
                      measured_s=float(s.step_time_s),
-                     measured_limiter=str(s.limiter if "limiter" in s.given else ""), trace=run.trace)
+                     measured_limiter=str(s.limiter if "limiter" in s.given else ""), trace=run.trace,
+                     attention_span=s.attention_span if "attention_span" in s.given else None)
 
 
 def validate(records: list[RunRecord], hw: HardwareProfile) -> pd.DataFrame:

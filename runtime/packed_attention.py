@@ -45,15 +45,26 @@ class VarlenRows:
                 "max_length_q": self.max_len, "max_length_k": self.max_len, KERNEL_KEY: self.kernel}
 
 
-def varlen_rows(segments: torch.Tensor, kernel: VarlenKernel) -> VarlenRows:
-    """Example boundaries of packed rows from their segment ids [b, s] (runtime/packing.py: an example's tokens
-    share an id, its neighbours' differ, padding is a segment of its own). A row's start is always a boundary,
-    so no example runs across two rows. One device-to-host read (the longest example) per micro-batch."""
+def _example_starts(segments: torch.Tensor) -> torch.Tensor:
+    """Flat indices where an example of packed rows [b, s] starts (runtime/packing.py: an example's tokens share
+    a segment id, its neighbours' differ, padding is a segment of its own), then the token count. A row's start
+    is always a boundary, so no example runs across two rows."""
     b, s = segments.shape
     starts = torch.ones_like(segments, dtype=torch.bool)
     starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
     begin = starts.reshape(-1).nonzero().squeeze(1)
-    cu = torch.cat([begin, begin.new_tensor([b * s])]).to(torch.int32)
+    return torch.cat([begin, begin.new_tensor([b * s])])
+
+
+def example_lengths(segments: torch.Tensor) -> list[int]:
+    """Token counts of the examples (and padding runs) the varlen kernel attends over, row by row."""
+    bounds = _example_starts(segments.cpu())
+    return (bounds[1:] - bounds[:-1]).tolist()
+
+
+def varlen_rows(segments: torch.Tensor, kernel: VarlenKernel) -> VarlenRows:
+    """What the kernel needs for one micro-batch's packed rows; one device-to-host read (the longest example)."""
+    cu = _example_starts(segments).to(torch.int32)
     return VarlenRows(cu, int((cu[1:] - cu[:-1]).max()), kernel)
 
 

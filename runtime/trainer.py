@@ -36,7 +36,7 @@ from slidedp.runtime.engine import EngineConfig, StepStats, StreamingEngine, sha
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
 from slidedp.runtime.optim import OptimConfig
-from slidedp.runtime.packed_attention import VarlenKernel, torch_varlen_kernel, varlen_available
+from slidedp.runtime.packed_attention import VarlenKernel, example_lengths, torch_varlen_kernel, varlen_available
 from slidedp.runtime.run_logs import RunLog, check_logger, perplexity
 from slidedp.runtime.shared_dir import (
     LAUNCHER_PID_ENV,
@@ -49,6 +49,7 @@ from slidedp.runtime.shared_dir import (
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.sim import simulate
 from slidedp.trace import EXPOSURE_CATEGORIES, busiest_resource
+from slidedp.units import attention_span
 from slidedp.workload import StepWorkload, threads_for_this_machine
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -185,6 +186,7 @@ class Trainer:
         self.host_index = int(os.environ.get("GROUP_RANK", "0")) if s.hosts > 1 else 0  # torchrun's node rank
         hw = s.hardware if s.hardware.num_gpus == self.ranks_per_host else s.hardware.with_gpus(self.ranks_per_host)
         self.workload = StepWorkload(self.model_spec, hw, s.policy, s.seq, self.per_rank * self.ranks_per_host)
+        self.attention_span: float | None = None  # set below when packed rows take the varlen kernel
         self.adam_threads_used = self.workload.adam_threads  # capped to this machine's cores on a GPU run
         if s.seq > getattr(self.config, "max_position_embeddings", s.seq):
             raise SlideDPError(f"--seq {s.seq} exceeds the model's max_position_embeddings "
@@ -211,6 +213,11 @@ class Trainer:
             raise SlideDPError("--eval-every needs eval data: --eval-data or --eval-fraction")
         for note in self.loaded.notes:
             self.log(f"data: {note}")
+        self.varlen_kernel = self._varlen_kernel(torch.device(device))
+        if self.varlen_kernel is not None:  # attention stays inside the examples: priced by their lengths
+            self.attention_span = attention_span(example_lengths(self.data.rows.segments))
+            self.workload = StepWorkload(self.model_spec, hw, s.policy, s.seq, self.per_rank * self.ranks_per_host,
+                                         attention_span=self.attention_span)
         if self.loaded.cached:
             self.log(f"data: tokenized rows reused from {self.loaded.cache_file}")
 
@@ -287,7 +294,7 @@ class Trainer:
         threads = self._adam_threads(comm.rank) if device.is_cuda else None
         seed = int(self.resume_meta.get("rounding_seed", s.seed)) if self.resume_meta else s.seed
         config = EngineConfig(s.policy, s.optim, s.seq, self.compute_dtype, adam_threads=threads, rounding_seed=seed,
-                              varlen_kernel=self._varlen_kernel(device))
+                              varlen_kernel=self.varlen_kernel)
         engine = StreamingEngine(config, adapter, self.model_spec, host, device, TraceRecorder(device, rank=world.rank),
                                  groups=groups)
         if s.resume and host.share is not None:  # each host loaded its share: every host's into every slot
@@ -355,13 +362,13 @@ class Trainer:
             raise SlideDPError(f"launched with {comm.world} ranks, the run asked for {self.spec.world}")
         return groups
 
-    def _varlen_kernel(self, device: Device) -> VarlenKernel | None:
+    def _varlen_kernel(self, device: torch.device) -> VarlenKernel | None:
         """The varlen attention kernel for packed rows (--packed-attention varlen where this device has one)."""
-        packed = self.data.rows.position_ids is not None
+        packed = self.data.rows.segments is not None
         if self.spec.packed_attention != "varlen" or not packed:
             return None
-        if not varlen_available(device.torch_device):
-            self.log(f"packed rows: attention through a block-causal mask (no varlen kernel on {device.torch_device})")
+        if not varlen_available(device):
+            self.log(f"packed rows: attention through a block-causal mask (no varlen kernel on {device.type})")
             return None
         self.log("packed rows: attention through flash's variable-length kernel (--packed-attention mask: the mask)")
         return torch_varlen_kernel()
@@ -522,7 +529,7 @@ class Trainer:
         predicted = simulate(self.workload)
         return RunSummary(
             model=self.model_spec.name, model_spec=self.model_spec.to_dict(), hardware=s.hardware.name,
-            gpus=s.world, seq=s.seq, adam_threads=self.adam_threads_used,
+            gpus=s.world, seq=s.seq, attention_span=self.attention_span, adam_threads=self.adam_threads_used,
             batch=self.per_step, tokens_per_step=self.per_step * s.seq, policy=s.policy.to_dict(),
             ranks=s.world,
             source="measured", device=self.device_name, dtype=str(self.compute_dtype).replace("torch.", ""),

@@ -38,9 +38,11 @@ class Gemm:
 
 @dataclass(frozen=True)
 class Attention:
-    """Causal flash attention (SDPA) over ``batch`` sequences of ``seq`` tokens with grouped KV heads."""
+    """Causal flash attention (SDPA) over ``batch`` sequences of ``seq`` tokens with grouped KV heads. Packed rows
+    through the varlen kernel are priced as tokens / span sequences of their token-weighted mean example length
+    (``attention_span`` in slidedp.units), so ``batch`` may be fractional: the FLOPs are those of the examples."""
 
-    batch: int
+    batch: float
     seq: int
     heads: int
     kv_heads: int

@@ -95,9 +95,10 @@ class ModelSpec:
         """Forward lm_head FLOPs per token (the loss itself is negligible)."""
         return 2.0 * self.vocab * self.hidden
 
-    def train_flops_per_token(self, seq: int) -> float:
-        """Model FLOPs per trained token (fwd + bwd = 3x fwd, no recompute): the TFLOPS numerator."""
-        per_layer = self.layer_linear_flops_per_token() + self.layer_attention_flops_per_token(seq)
+    def train_flops_per_token(self, seq: int, span: float | None = None) -> float:
+        """Model FLOPs per trained token (fwd + bwd = 3x fwd, no recompute): the TFLOPS numerator. ``span``:
+        packed rows attending inside examples of this token-weighted mean length (None: whole rows)."""
+        per_layer = self.layer_linear_flops_per_token() + self.layer_attention_flops_per_token(span or seq)
         return 3.0 * (self.layers * per_layer + self.head_flops_per_token())
 
     # ---- activations -----------------------------------------------------------------------------
@@ -159,11 +160,14 @@ class ModelSpec:
         """Parameter tensors of one decoder layer (q, k, v, o, gate, up, down, two norms, biases, q/k norms)."""
         return 9 + (3 if self.attn_bias else 0) + (2 if self.qk_norm else 0)
 
-    def layer_forward_ops(self, batch: int, seq: int) -> list[c.ComputeOp]:
+    def layer_forward_ops(self, batch: int, seq: int, span: float | None = None) -> list[c.ComputeOp]:
         """One decoder layer's forward on ``batch`` sequences of ``seq`` tokens, as the HF layer runs it:
         RMSNorm, q/k/v projections (+ biases: Qwen2), q/k norms (Qwen3), rotary, flash attention, output
-        projection, residual, RMSNorm, gate/up projections, SwiGLU, down projection, residual."""
+        projection, residual, RMSNorm, gate/up projections, SwiGLU, down projection, residual. ``span``: packed
+        rows whose attention stays inside examples of this token-weighted mean length (None: whole rows)."""
         t, h, q, kv = batch * seq, self.hidden, self.q_dim, self.kv_dim
+        attention = c.Attention(batch, seq, self.heads, self.kv_heads, self.head_dim) if span is None else \
+            c.Attention(t / span, span, self.heads, self.kv_heads, self.head_dim)
         ops: list[c.ComputeOp] = [
             self._rmsnorm_op(t, 1),
             c.Gemm(t, q, h), c.Gemm(t, kv, h, count=2),
@@ -174,7 +178,7 @@ class ModelSpec:
             ops.append(c.Elementwise("qk_norm", t * (q + kv) * c.RMSNORM_BYTES, 2 * c.RMSNORM_KERNELS))
         ops += [
             c.Elementwise("rotary", t * (q + kv) * c.ROTARY_BYTES, 2 * c.ROTARY_KERNELS),
-            c.Attention(batch, seq, self.heads, self.kv_heads, self.head_dim),
+            attention,
             c.Gemm(t, h, q),
             c.Elementwise("residual", t * h * c.RESIDUAL_BYTES, c.RESIDUAL_KERNELS),
             *self._mlp_block_ops([(t, 1)]),

@@ -82,6 +82,9 @@ class RunSummary:
     hardware: str | None = _NOT_GIVEN
     gpus: int | None = _NOT_GIVEN
     seq: int | None = _NOT_GIVEN
+    # Packed rows through the varlen kernel: the examples' token-weighted mean length (slidedp.units.attention_span)
+    # that attention was priced at; None: every row one causal sequence.
+    attention_span: float | None = _NOT_GIVEN
     adam_threads: int | None = _NOT_GIVEN  # CPU optimizer threads the run used (None: the policy's default)
     batch: int | None = _NOT_GIVEN  # global sequences per optimizer step
     tokens_per_step: int | None = _NOT_GIVEN

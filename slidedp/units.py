@@ -91,19 +91,33 @@ class Unit:
         return backward_reads_weights(self.kind)
 
 
+def attention_span(lengths: list[int] | tuple[int, ...]) -> float:
+    """The token-weighted mean length of the examples whose attention packed rows compute (padding counts as
+    an example of its own: the varlen kernel runs it): sum(L^2) / sum(L). Causal attention over examples of
+    these lengths costs what tokens / span sequences of span tokens cost, which is how the compute model prices
+    them."""
+    tokens = sum(lengths)
+    if tokens <= 0 or min(lengths) <= 0:
+        raise SlideDPError(f"attention span: example lengths must be positive, got {list(lengths)[:8]}")
+    return sum(n * n for n in lengths) / tokens
+
+
 def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int, seq: int,
-              loss_chunk_tokens: int = 4096, seq_tile_tokens: int = 0) -> tuple[UnitWork, ...]:
-    """The units of ``m`` with their work for one activation policy, micro-batching and sequence tile."""
+              loss_chunk_tokens: int = 4096, seq_tile_tokens: int = 0,
+              attention_span: float | None = None) -> tuple[UnitWork, ...]:
+    """The units of ``m`` with their work for one activation policy, micro-batching and sequence tile.
+    ``attention_span``: packed rows whose attention stays inside each example (the varlen kernel), priced by the
+    examples' token-weighted mean length (:func:`attention_span`); None: every row is one causal sequence."""
     mb_tokens = seq * micro_batch
     recompute = activation in RECOMPUTING_ACTIVATIONS
     lin = m.layer_linear_flops_per_token() * mb_tokens
-    attn = m.layer_attention_flops_per_token(seq) * mb_tokens
+    attn = m.layer_attention_flops_per_token(seq if attention_span is None else attention_span) * mb_tokens
     ckpt = (m.checkpoint_bytes_per_token() * mb_tokens * accumulation) if activation == "offload" else 0.0
     embed_fwd, embed_bwd = m.embedding_ops(mb_tokens)
     units = [UnitWork(0, "embed", "embed", m.embedding_params, 0.0, 0.0, mb_tokens, accumulation, False, 0.0,
                       pinned=m.tied_embeddings, fwd_ops=tuple(embed_fwd), bwd_ops=tuple(embed_bwd),
                       step_ops=tuple(gradient_ops(m.embedding_params, 1, 0)))]
-    layer_fwd = tuple(m.layer_forward_ops(micro_batch, seq))
+    layer_fwd = tuple(m.layer_forward_ops(micro_batch, seq, attention_span))
     layer_bwd = tuple(backward_ops(list(layer_fwd)))
     tile_ops = tuple(m.tile_recompute_ops(micro_batch, seq, seq_tile_tokens))
     tile_flops = sum(op.flops for op in tile_ops)
@@ -161,13 +175,14 @@ def _time_ops(work: UnitWork, gpu: GPUSpec) -> Unit:
 
 
 def build_units(m: ModelSpec, gpu: GPUSpec, activation: str, micro_batch: int, accumulation: int,
-                seq: int, loss_chunk_tokens: int = 4096, seq_tile_tokens: int = 0) -> tuple[Unit, ...]:
+                seq: int, loss_chunk_tokens: int = 4096, seq_tile_tokens: int = 0,
+                attention_span: float | None = None) -> tuple[Unit, ...]:
     """Streamed units with per-rank step times and FLOPs for one micro-batching and activation policy.
 
     Separate from StepWorkload so a tuner can reuse units across policies that share these inputs.
     """
     return tuple(time_unit(w, gpu) for w in unit_work(m, activation, micro_batch, accumulation, seq,
-                                                      loss_chunk_tokens, seq_tile_tokens))
+                                                      loss_chunk_tokens, seq_tile_tokens, attention_span))
 
 
 def check_gpu_state_units(count: int, num_units: int) -> None:

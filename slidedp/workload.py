@@ -44,7 +44,7 @@ class StepWorkload:
     """
 
     def __init__(self, model: ModelSpec, hw: HardwareProfile, policy: Policy, seq: int, global_batch: int,
-                 units: tuple[Unit, ...] | None = None, hosts: int = 1):
+                 units: tuple[Unit, ...] | None = None, hosts: int = 1, attention_span: float | None = None):
         if not isinstance(seq, int) or seq < 1:
             raise SlideDPError(f"sequence length must be a positive integer, got {seq!r}")
         if not isinstance(global_batch, int) or global_batch < 1:
@@ -61,11 +61,14 @@ class StepWorkload:
                 f"batch {global_batch} != {where}GPUs {n} x micro_batch {policy.micro_batch} x accumulation "
                 f"{policy.accumulation} = {hosts * n * policy.sequences_per_rank()}")
         check_gpu_state_units(policy.gpu_state_units, model.layers + 2)
+        if attention_span is not None and not 0 < attention_span <= seq:
+            raise SlideDPError(f"attention span must be in (0, seq {seq}], got {attention_span!r}")
         threads = default_adam_threads(hw, policy)
         if threads * n > hw.host.cores:
             raise SlideDPError(f"policy.adam_threads {threads} x {n} ranks exceeds the host's {hw.host.cores} cores")
         self.model, self.hw, self.policy = model, hw, policy
         self.seq, self.global_batch, self.ranks, self.hosts = seq, global_batch, n, hosts
+        self.attention_span = attention_span  # packed rows through the varlen kernel (slidedp.units.attention_span)
         self.routes = Routes.of(policy, n, weight_bytes=BF16_BYTES, hosts=hosts)
         self.chunks = policy.chunks_per_layer
         self.adam_threads = threads
@@ -79,7 +82,7 @@ class StepWorkload:
     def units(self) -> tuple[Unit, ...]:
         pol = self.policy
         return build_units(self.model, self.hw.gpu, pol.activation, pol.micro_batch, pol.accumulation, self.seq,
-                           pol.loss_chunk_tokens, pol.seq_tile_tokens)
+                           pol.loss_chunk_tokens, pol.seq_tile_tokens, self.attention_span)
 
     @property
     def num_units(self) -> int:
@@ -271,4 +274,4 @@ class StepWorkload:
 
     def model_flops_per_step(self) -> float:
         """Useful FLOPs (fwd + bwd, no recompute) for the whole step: the TFLOPS numerator."""
-        return self.model.train_flops_per_token(self.seq) * self.tokens_per_step
+        return self.model.train_flops_per_token(self.seq, self.attention_span) * self.tokens_per_step

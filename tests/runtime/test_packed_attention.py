@@ -6,6 +6,7 @@ transformers layers, and the engine's choice of path."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -132,3 +133,42 @@ def test_unpacked_rows_never_reach_the_kernel(tmp_path):
     loss_k, _ = _step(tmp_path, "qwen3", plain, Policy(micro_batch=len(plain)), kernel)
     loss_p, _ = _step(tmp_path, "qwen3", plain, Policy(micro_batch=len(plain)))
     assert kernel.calls == 0 and loss_k == loss_p
+
+
+def test_train_takes_the_kernel_and_prices_attention_by_the_examples(tmp_path, monkeypatch, capsys):
+    """`slidedp train` on packed chat data with a varlen kernel (the reference one standing in for CUDA's): the
+    same losses as `--packed-attention mask`, and the summary prices attention at the examples' span."""
+    import json
+
+    import pandas as pd
+
+    from slidedp.cli import main
+    from slidedp.runtime import trainer
+    from slidedp.runtime.data import DataSpec, load_data
+    from slidedp.runtime.packed_attention import example_lengths
+    from slidedp.units import attention_span
+    from tests.builders import TINY
+    from tests.runtime.sft_helpers import chats, make_tokenizer, write_jsonl
+
+    make_tokenizer(tmp_path / "tok")
+    write_jsonl(tmp_path / "chat.jsonl", chats(24))
+    (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
+    kernel = ReferenceVarlen()
+    monkeypatch.setattr(trainer, "varlen_available", lambda device: True)
+    monkeypatch.setattr(trainer, "torch_varlen_kernel", lambda: kernel)
+
+    def run(name: str, *extra: str) -> tuple[list[float], dict]:
+        out = tmp_path / name
+        assert main(["train", "--model", str(tmp_path / "tiny.json"), "--data", str(tmp_path / "chat.jsonl"),
+                     "--tokenizer", str(tmp_path / "tok"), "--seq", "96", "--batch", "2", "--steps", "3",
+                     "--no-checkpoint", "--out", str(out), *extra]) == 0
+        return pd.read_csv(out / "metrics.csv").loss.tolist(), json.loads((out / "summary.json").read_text())
+
+    losses_v, summary_v = run("varlen")
+    assert kernel.calls > 0 and "flash's variable-length kernel" in capsys.readouterr().err
+    losses_m, summary_m = run("mask", "--packed-attention", "mask")
+    assert losses_v == pytest.approx(losses_m, rel=1e-5)
+    rows = load_data(DataSpec(str(tmp_path / "chat.jsonl"), str(tmp_path / "tok")), 300, 96, 2, 0).train.rows
+    span = attention_span(example_lengths(rows.segments))
+    assert summary_v["attention_span"] == pytest.approx(span) and span < 96
+    assert summary_m.get("attention_span") is None
