@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from slidedp.policy import Policy
-from slidedp.runtime.shared_dir import PREFIX
+from slidedp.runtime.shared_dir import PREFIX, state_dir
 from tests.builders import TINY
+from tests.runtime.test_run_lifetime import _ranks_of, _run_id_of, _wait_for_steps
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (python -m pytest -m gpu)")]
@@ -94,21 +95,23 @@ def test_ranks_sharing_the_gpu_train_like_one_rank(tmp_path, one_rank, world, pa
 
 
 def test_sigint_to_the_launcher_and_a_killed_cuda_rank_leave_nothing(tmp_path):
+    """SIGINT once the ranks train (the state's names are gone by then: rank 0 removes them once every rank has
+    mapped the pages, so waiting for them to appear would race a set-up of a fraction of a second), then a CUDA
+    rank that SIGKILLs itself: both end without ranks or state left behind."""
     before = _state_dirs()
     policy = _policy(2, "sharded", "reduce_scatter")
-    proc = subprocess.Popen(_cmd(tmp_path, tmp_path / "int", 2, policy, "--steps", "500"), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_cmd(tmp_path, tmp_path / "int", 2, policy, "--steps", "100000"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    t0 = time.monotonic()
-    while not (_state_dirs() - before):
-        assert time.monotonic() - t0 < 120 and proc.poll() is None, "the run never created its shared state"
-        time.sleep(0.2)
-    time.sleep(2.0)
+    run_id = _run_id_of(proc.pid, deadline=180)
+    _wait_for_steps(tmp_path / "int", deadline=180)
+    assert not state_dir(run_id).exists()  # mapped by every rank, no name left in /dev/shm while it trains
     os.kill(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err[-2000:]
-    assert not (_state_dirs() - before)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1].startswith("slidedp: interrupted"), err[-2000:]
+    time.sleep(0.5)
+    assert not _ranks_of(proc.pid) and not state_dir(run_id).exists() and not (_state_dirs() - before)
     fault = {**os.environ, "SLIDEDP_FAULT_RANK": "1", "SLIDEDP_FAULT_STEP": "2"}  # rank 1 SIGKILLs itself
     killed = subprocess.run(_cmd(tmp_path, tmp_path / "kill", 2, policy, "--steps", "4"), capture_output=True,
                             text=True, timeout=300, env=fault)
-    assert killed.returncode != 0 and "a rank failed" in killed.stderr
+    assert killed.returncode != 0 and "a rank failed" in killed.stderr, killed.stderr[-2000:]
     assert not (_state_dirs() - before)
