@@ -184,9 +184,10 @@ class Trainer:
         self.per_step = self.per_rank * s.world  # global batch
         self.ranks_per_host = s.world // s.hosts
         self.host_index = int(os.environ.get("GROUP_RANK", "0")) if s.hosts > 1 else 0  # torchrun's node rank
-        hw = s.hardware if s.hardware.num_gpus == self.ranks_per_host else s.hardware.with_gpus(self.ranks_per_host)
-        self.workload = StepWorkload(self.model_spec, hw, s.policy, s.seq, self.per_rank * self.ranks_per_host)
+        self.hw = s.hardware if s.hardware.num_gpus == self.ranks_per_host else \
+            s.hardware.with_gpus(self.ranks_per_host)
         self.attention_span: float | None = None  # set below when packed rows take the varlen kernel
+        self.workload = self._workload(s.policy)
         self.adam_threads_used = self.workload.adam_threads  # capped to this machine's cores on a GPU run
         if s.seq > getattr(self.config, "max_position_embeddings", s.seq):
             raise SlideDPError(f"--seq {s.seq} exceeds the model's max_position_embeddings "
@@ -216,8 +217,7 @@ class Trainer:
         self.varlen_kernel = self._varlen_kernel(torch.device(device))
         if self.varlen_kernel is not None:  # attention stays inside the examples: priced by their lengths
             self.attention_span = attention_span(example_lengths(self.data.rows.segments))
-            self.workload = StepWorkload(self.model_spec, hw, s.policy, s.seq, self.per_rank * self.ranks_per_host,
-                                         attention_span=self.attention_span)
+            self.workload = self._workload(s.policy)
         if self.loaded.cached:
             self.log(f"data: tokenized rows reused from {self.loaded.cache_file}")
 
@@ -373,14 +373,23 @@ class Trainer:
         self.log("packed rows: attention through flash's variable-length kernel (--packed-attention mask: the mask)")
         return torch_varlen_kernel()
 
+    def _workload(self, policy) -> StepWorkload:
+        """This host's step as the simulator sees it: the policy on this host's ranks, priced for the data."""
+        s = self.spec
+        return StepWorkload(self.model_spec, self.hw, policy, s.seq, self.per_rank * self.ranks_per_host,
+                            attention_span=self.attention_span)
+
     def _adam_threads(self, rank: int) -> int:
-        """The planned optimizer threads, capped at this machine's cores per rank (said once, by rank 0)."""
+        """The planned optimizer threads, capped at this machine's cores per rank (said once, by rank 0). When
+        capped, the prediction the summary records is made for the threads the run uses."""
         planned, cores = self.workload.adam_threads, len(os.sched_getaffinity(0))
         threads = threads_for_this_machine(planned, cores, self.ranks_per_host)
         self.adam_threads_used = threads
-        if threads < planned and rank == 0:
-            self.log(f"optimizer threads: {threads} per rank, not the plan's {planned}: this machine has {cores} "
-                     f"cores for {self.ranks_per_host} rank(s) (the profile or policy describes a larger host)")
+        if threads < planned:
+            self.workload = self._workload(self.spec.policy.with_(adam_threads=threads))
+            if rank == 0:
+                self.log(f"optimizer threads: {threads} per rank, not the plan's {planned}: this machine has {cores} "
+                         f"cores for {self.ranks_per_host} rank(s) (the profile or policy describes a larger host)")
         return threads
 
     def _initialise(self, host: HostState, adapter: ModelAdapter, device: Device) -> int:

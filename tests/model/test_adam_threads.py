@@ -24,9 +24,15 @@ def test_the_trainer_runs_and_records_the_capped_count_and_says_so_once(monkeypa
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
     lines: list[str] = []
-    fake = SimpleNamespace(workload=SimpleNamespace(adam_threads=112), ranks_per_host=2, log=lines.append)
+    from slidedp.policy import Policy
+
+    def workload(policy):  # the trainer's _workload: the prediction follows the policy's threads
+        return SimpleNamespace(adam_threads=policy.adam_threads)
+    fake = SimpleNamespace(workload=SimpleNamespace(adam_threads=112), ranks_per_host=2, log=lines.append,
+                           spec=SimpleNamespace(policy=Policy()), _workload=workload)
     assert Trainer._adam_threads(fake, rank=0) == 8
     assert fake.adam_threads_used == 8  # what the summary records, so --from-run re-predicts with 8
+    assert fake.workload.adam_threads == 8  # and the prediction the summary records is made for 8
     assert len(lines) == 1 and "8 per rank, not the plan's 112" in lines[0]
     assert Trainer._adam_threads(fake, rank=1) == 8 and len(lines) == 1  # only rank 0 says it
     fits = SimpleNamespace(workload=SimpleNamespace(adam_threads=4), ranks_per_host=1, log=lines.append)
