@@ -12,7 +12,7 @@ timeout $(left 200) python3 -m pytest -m gpu -v -rA -p no:cacheprovider --durati
   tests/runtime/test_gpu_ranks.py -k sigint > $OUT/c4_sigint.log 2>&1
 ls -la /dev/shm >> $OUT/c4_sigint.log 2>&1
 O=/tmp/c4; mkdir -p $O
-timeout $(left 585) python3 -m benchmarks.compact_state big --hardware h100-sxm-x1 --batches 4 16 --steps 3 \
+timeout $(left 470) python3 -m benchmarks.compact_state big --hardware h100-sxm-x1 --batches 4 16 --steps 3 \
   --out $O/big > $OUT/c4_big.log 2>&1
 cp $O/big/results.jsonl $OUT/c4_big.jsonl 2>/dev/null
 pack_runs c4_runs.tgz $O
