@@ -253,7 +253,7 @@ class ModelSpec:
             )
         except KeyError as exc:
             raise SlideDPError(f"model {name!r}: config.json lacks required key {exc.args[0]!r}") from None
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: an infinite size
             raise SlideDPError(f"model {quote(name)}: config.json has a non-numeric size "
                                f"({str(exc)[:80]})") from None
         return spec

@@ -59,3 +59,10 @@ def test_policy_file_fuzz(tmp_path, text):
 def test_from_mapping_rejects_nested_garbage():
     with pytest.raises(SlideDPError):
         from_mapping(HardwareProfile, {"name": "x", "num_gpus": 1, "gpu": [1, 2], "host": {}, "link": {}}, "hw")
+
+
+@pytest.mark.parametrize("key", ["num_hidden_layers", "num_key_value_heads", "hidden_size", "vocab_size"])
+def test_model_config_refuses_an_infinite_size(key):
+    """Found by the fuzz above: float('inf') from a JSON 'Infinity' raised OverflowError out of int()."""
+    with pytest.raises(SlideDPError, match="non-numeric size"):
+        ModelSpec.from_hf_config({**TINY["qwen3"], key: float("inf")}, "inf")
