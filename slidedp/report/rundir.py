@@ -1,6 +1,7 @@
 """A run directory: what a simulated or measured step leaves behind, in one layout for both.
 
-    trace.parquet    the trace table (slidedp.trace schema)
+    trace.parquet    the trace table (slidedp.trace schema); a data-parallel run's ranks also write
+                     trace_rank<r>.parquet each, which load_run reads together (rank 0's is trace.parquet's)
     exposure.csv     per-rank compute and exposed seconds (optional: inferred from the trace otherwise)
     summary.json     problem, policy, predicted/measured step time, throughput, limiter, memory
     policy.yaml, hardware.yaml   what was run, on what
@@ -65,11 +66,26 @@ def load_run(path: str | Path) -> RunDir:
     trace = load_trace(traces[0])
     summary = RunSummary.load(path / "summary.json") if (path / "summary.json").exists() else RunSummary()
     step = summary.step_time_s
-    if (path / "exposure.csv").exists():
+    per_rank = rank_traces(path)
+    if len(per_rank) > 1:  # every rank's last step; exposure.csv holds rank 0's row only
+        trace = pd.concat([load_trace(p) for p in per_rank], ignore_index=True)
+        exposure = exposure_from_trace(trace, step)
+    elif (path / "exposure.csv").exists():
         exposure = pd.read_csv(path / "exposure.csv")
     else:
         exposure = exposure_from_trace(trace, step)
     return RunDir(path, trace, exposure, summary)
+
+
+def rank_traces(path: Path) -> list[Path]:
+    """The per-rank traces of a data-parallel run directory, by rank (each rank's clock starts at its own step
+    start; the ranks begin a step together, so their tracks line up to a barrier's skew)."""
+    found = []
+    for p in path.glob("trace_rank*.parquet"):
+        digits = p.stem[len("trace_rank"):]
+        if digits.isdigit():
+            found.append((int(digits), p))
+    return [p for _, p in sorted(found)]
 
 
 def unpack_session(folder: str | Path, dest: str | Path) -> Path:

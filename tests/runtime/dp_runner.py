@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from slidedp.runtime.device import Device
 from slidedp.runtime.engine import EngineConfig, StreamingEngine, shared_buffer_sizes
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
+from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.shared_dir import SharedDir
 from slidedp.runtime.tracing import TraceRecorder
 from tests.runtime.helpers import OPTIM, batches
@@ -63,7 +65,7 @@ def shared_pss(directory: Path) -> dict[str, int]:
 
 
 def _worker(rank: int, world: int, init_file: str, config_path: str, policy_dict: dict, seq: int, steps: int,
-            shm: str, out: str, hosts: int = 1) -> None:
+            shm: str, out: str, hosts: int = 1, optim_dict: dict | None = None) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     groups = HostGroups.create(hosts)
@@ -75,7 +77,8 @@ def _worker(rank: int, world: int, init_file: str, config_path: str, policy_dict
     host = shared_state(adapter, policy, comm, shm_dir, groups)
     device = Device("cpu")
     spec = ModelSpec.from_hf_config(cfg, "tiny")
-    engine = StreamingEngine(EngineConfig(policy, OPTIM, seq, torch.float32), adapter, spec, host, device,
+    optim = OPTIM if optim_dict is None else OptimConfig(**optim_dict)
+    engine = StreamingEngine(EngineConfig(policy, optim, seq, torch.float32), adapter, spec, host, device,
                              TraceRecorder(device, rank=rank), groups=groups)
     per_rank = policy.sequences_per_rank()
     losses = []
@@ -98,11 +101,14 @@ def _worker(rank: int, world: int, init_file: str, config_path: str, policy_dict
 
 
 def run_data_parallel(world: int, config_path: str, policy: Policy, seq: int, steps: int, tmp: Path,
-                      hosts: int = 1) -> dict | list[dict]:
-    """One result (hosts == 1) or one per host: losses, the host's master (its share) and full weights."""
+                      hosts: int = 1, optim: OptimConfig | None = None) -> dict | list[dict]:
+    """One result (hosts == 1) or one per host: losses, the host's master (its share) and full weights.
+    ``optim``: the ranks' optimizer settings (default: the tests' OPTIM, which clips)."""
     out = tmp / f"dp{world}.pt"
+    optim_dict = None if optim is None else dataclasses.asdict(optim)
     mp.start_processes(_worker, args=(world, str(tmp / "init"), config_path, policy.to_dict(), seq, steps,
-                                      str(tmp / "shm"), str(out), hosts), nprocs=world, start_method="spawn")
+                                      str(tmp / "shm"), str(out), hosts, optim_dict), nprocs=world,
+                       start_method="spawn")
     if hosts == 1:
         return torch.load(out)
     return [torch.load(out if h == 0 else Path(f"{out}.host{h}")) for h in range(hosts)]

@@ -13,12 +13,13 @@ from tests.runtime.helpers import batches, make_engine, run_cli_train
 SEQ, STEPS = 16, 3
 
 
-def single_process(config_path: str, world: int, policy: Policy) -> tuple[list[float], torch.Tensor]:
+def single_process(config_path: str, world: int, policy: Policy, optim=None) -> tuple[list[float], torch.Tensor]:
     """The same global batch in one process: N x the per-rank accumulation, micro-batches in rank order."""
     single = Policy(micro_batch=policy.micro_batch, accumulation=policy.accumulation * world,
                     chunks_per_layer=policy.chunks_per_layer, activation=policy.activation,
                     update_schedule=policy.update_schedule, state=policy.state)
-    engine, _, host = make_engine(config_path, single, SEQ)
+    engine, _, host = (make_engine(config_path, single, SEQ) if optim is None else
+                       make_engine(config_path, single, SEQ, optim))
     data = batches(TINY["qwen3"]["vocab_size"], SEQ, policy.sequences_per_rank() * world, STEPS, seed=1)
     losses = [engine.step(t).loss for t in data]
     engine.flush()
@@ -47,6 +48,24 @@ def test_matches_single_process_at_the_same_global_batch(tmp_path, world, param_
     assert ("reduce_scatter" in ops) == (grad_route == "reduce_scatter")
     assert ("cpu_reduce" in ops) == (grad_route == "per_rank" and (world - 1) in
                                      {(u * 3 + c) % world for u in range(5) for c in range(3)})
+
+
+@pytest.mark.parametrize("param_route, grad_route", [("replicated", "per_rank"), ("sharded", "reduce_scatter")])
+def test_as_ready_ranks_match_single_process(tmp_path, param_route, grad_route):
+    """The as_ready schedule (each chunk updated as soon as its summed gradient is on the host; no clipping,
+    which it cannot do) over ranks sharing the state, against one process at the same global batch."""
+    from dataclasses import replace
+
+    from tests.runtime.helpers import OPTIM
+
+    optim = replace(OPTIM, max_grad_norm=None)
+    config = write_config(tmp_path, "qwen3")
+    policy = Policy(param_route=param_route, grad_route=grad_route, micro_batch=1, accumulation=2,
+                    chunks_per_layer=3, update_schedule="as_ready")
+    result = run_data_parallel(2, config, policy, SEQ, STEPS, tmp_path, optim=optim)
+    losses, master = single_process(config, 2, policy, optim)
+    assert result["losses"] == pytest.approx(losses, rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(result["master"], master, rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("grad_route", ["per_rank", "reduce_scatter"])
@@ -96,6 +115,14 @@ def test_cli_nproc_trains_and_a_killed_rank_stops_every_rank(tmp_path):
     metrics = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
     assert len(metrics) == 3 and (tmp_path / "run" / "trace_rank1.parquet").exists()
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["ranks"] == 2
+    # the report reads every rank's trace: one track set and one exposure row per rank
+    from slidedp.cli import main
+    from slidedp.report.rundir import load_run
+
+    run = load_run(tmp_path / "run")
+    assert sorted(run.trace["rank"].unique()) == [0, 1] and sorted(run.exposure["rank"]) == [0, 1]
+    assert main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "report.md").exists()
 
     t0 = time.monotonic()
     killed = _train(tmp_path, tmp_path / "killed", "--steps", "5", "--save-every", "1",
