@@ -116,7 +116,10 @@ def refit_profile(base: HardwareProfile, records: list[RunRecord]) -> tuple[Hard
             host = replace(host, step_update_factor=factor)
             report["step_update_factor"] = {"value": factor, "runs": runs, "fused": fused}
     gpu, report_compute = _refit_compute(gpu, records)
+    report.setdefault("warnings", []).extend(report_compute.pop("warnings", []))
     report.update(report_compute)
+    if not report["warnings"]:
+        del report["warnings"]
     if gpu.compute is not None:
         factor, runs = fit_step_compute_factor(records, replace(base, gpu=gpu, host=host))
         if factor is not None:
@@ -244,7 +247,7 @@ def _layer_seconds(records: list[RunRecord], gpu) -> tuple[float, float]:
     predicted = measured = 0.0
     for r in records:
         units = build_units(r.spec, gpu, r.policy.activation, r.policy.micro_batch, r.policy.accumulation, r.seq,
-                            r.policy.loss_chunk_tokens, r.policy.seq_tile_tokens)
+                            r.policy.loss_chunk_tokens, r.policy.seq_tile_tokens, r.attention_span)
         layers = r.trace[r.trace.op.isin(["fwd", "bwd"]) & (r.trace.unit >= 1) & (r.trace.unit <= r.spec.layers)]
         if layers.empty:
             continue
@@ -257,7 +260,9 @@ def _layer_seconds(records: list[RunRecord], gpu) -> tuple[float, float]:
 def _refit_compute(gpu, records: list[RunRecord]):
     """Fit the layer-time model to per-layer forward times (one micro-batch each) across the runs, then
     scale both rates so forward + backward totals match what was measured (the model's backward is a fixed
-    multiple of the forward; long-sequence attention backward is relatively slower than that)."""
+    multiple of the forward; long-sequence attention backward is relatively slower than that). A fit that is not
+    credible (layer times that do not grow with size: a busy machine, or runs too alike) keeps the base rates and
+    says so in ``warnings``."""
     lin, att, tok, sec = [], [], [], []
     for r in records:
         fwd = r.trace[(r.trace.op == "fwd") & (r.trace.unit >= 1) & (r.trace.unit <= r.spec.layers)]
@@ -265,12 +270,27 @@ def _refit_compute(gpu, records: list[RunRecord]):
             continue
         tokens = r.seq * r.policy.micro_batch
         lin.append(r.spec.layer_linear_flops_per_token() * tokens)
-        att.append(r.spec.layer_attention_flops_per_token(r.seq) * tokens)
+        att.append(r.spec.layer_attention_flops_per_token(r.attention_span or r.seq) * tokens)
         tok.append(tokens)
         sec.append(float((fwd.end_s - fwd.start_s).median()) / r.policy.accumulation)
     if not sec:
         return gpu, {}
     report: dict = {"samples": len(sec)}
+    try:
+        gpu, report = _fit_layer_rates(gpu, lin, att, tok, sec, report)
+    except SlideDPError as exc:
+        return gpu, {"compute": report, "warnings": [f"GPU compute rates: {exc}; kept the base profile's"]}
+    predicted, measured = _layer_seconds(records, gpu)
+    if measured > 0:
+        ratio = predicted / measured
+        gpu = replace(gpu, matmul_tflops=gpu.matmul_tflops * ratio, attention_tflops=gpu.attention_tflops * ratio)
+        report["fwd_bwd_scale"] = ratio
+    return gpu, {"compute": report}
+
+
+def _fit_layer_rates(gpu, lin: list[float], att: list[float], tok: list[int], sec: list[float], report: dict):
+    """The layer-level rates from forward times: one rate and a fixed cost from few sizes, the full model from
+    four or more samples; raises SlideDPError where the samples cannot carry a fit."""
     if len(set(tok)) >= 2 and len(sec) < 4:
         # Too few sizes for the full model: one rate plus a fixed per-layer cost (t = overhead + flops / rate).
         fit = fit_link(np.add(lin, att), sec)
@@ -284,9 +304,4 @@ def _refit_compute(gpu, records: list[RunRecord]):
                       attention_tflops=fit.attention_tflops, layer_overhead_us=fit.overhead_s * 1e6)
         report.update(matmul_tflops=fit.matmul_tflops, attention_tflops=fit.attention_tflops,
                       half_efficiency_tokens=fit.half_efficiency_tokens, forward_fit_residual=fit.residual)
-    predicted, measured = _layer_seconds(records, gpu)
-    if measured > 0:
-        ratio = predicted / measured
-        gpu = replace(gpu, matmul_tflops=gpu.matmul_tflops * ratio, attention_tflops=gpu.attention_tflops * ratio)
-        report["fwd_bwd_scale"] = ratio
-    return gpu, {"compute": report}
+    return gpu, report

@@ -121,6 +121,31 @@ def rss_bytes(field: str = "VmRSS") -> float:
     return float("nan")
 
 
+def pss_bytes() -> float:
+    """This process's proportional set size: shared pages (the one host state in /dev/shm that every rank maps)
+    count 1/N in each of the N processes that map them, so summed over a run's ranks it is what the group really
+    holds, where the ranks' RSS would count the shared state once per rank."""
+    try:
+        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def ranks_host_memory(world: Comm) -> tuple[list[float], list[float]]:
+    """Every rank's peak RSS and current PSS (GiB), by rank, gathered over ``world`` (a CPU all-reduce of one
+    row per rank: the world group carries CPU tensors on every backend the trainer uses)."""
+    rows = torch.zeros(world.world, 2, dtype=torch.float64)
+    rows[world.rank] = torch.tensor([rss_bytes("VmHWM"), pss_bytes()], dtype=torch.float64) / GIB
+    if world.active:
+        import torch.distributed as dist
+
+        dist.all_reduce(rows, group=world.group)
+    return rows[:, 0].tolist(), rows[:, 1].tolist()
+
+
 class Trainer:
     def __init__(self, spec: TrainSpec, on_step: Callable[[int, StepStats, float], None] | None = None,
                  log: Callable[[str], None] = print):
@@ -317,7 +342,8 @@ class Trainer:
                 export_hf(host, adapter, Path(s.export_hf), s.data.tokenizer, self.config)
                 self.log(f"exported {s.export_hf}")
             exposure = exposure_from_trace(last.trace)
-            summary = self._summary(last, times, device, host, exposure, evals, start_step)
+            memory = ranks_host_memory(world)
+            summary = self._summary(last, times, device, host, exposure, evals, start_step, memory)
             if world.active:
                 last.trace.to_parquet(s.out / f"trace_rank{world.rank}.parquet", index=False)
             if world.rank == 0:
@@ -530,7 +556,8 @@ class Trainer:
         groups.world.barrier()
 
     def _summary(self, last: StepStats, times: list[float], device: Device, host: HostState,
-                 exposure, evals: list[tuple[int, float]], start_step: int) -> RunSummary:
+                 exposure, evals: list[tuple[int, float]], start_step: int,
+                 ranks_memory: tuple[list[float], list[float]]) -> RunSummary:
         s = self.spec
         steady = times[1:] if len(times) > 1 else times
         step_time = statistics.median(steady)
@@ -551,6 +578,7 @@ class Trainer:
             predicted_gpu_peak_gib=self.memory.gpu_peak / GIB,
             predicted_gpu_allocated_gib=self.memory.gpu_allocated_peak / GIB,  # compare with gpu_peak_gib
             host_rss_peak_gib=rss_bytes("VmHWM") / GIB,
+            host_rss_peak_gib_by_rank=ranks_memory[0], host_pss_gib_by_rank=ranks_memory[1],
             host_state_bytes_per_param=host.bytes_per_param(),
             predicted_step_time_s=predicted.step_time_s,
             predicted_limiter=predicted.limiter,

@@ -112,6 +112,10 @@ class RunSummary:
     predicted_gpu_peak_gib: float | None = _NOT_GIVEN
     predicted_gpu_allocated_gib: float | None = _NOT_GIVEN  # compare with gpu_peak_gib
     host_rss_peak_gib: float | None = _NOT_GIVEN
+    # Every rank's peak RSS and its PSS at the end, by rank: the PSS sum is the group's real host memory (the
+    # shared state counted once), where RSS counts it in every rank that maps it.
+    host_rss_peak_gib_by_rank: list[float] | None = _NOT_GIVEN
+    host_pss_gib_by_rank: list[float] | None = _NOT_GIVEN
     host_state_bytes_per_param: float | None = _NOT_GIVEN
     predicted_step_time_s: float | None = _NOT_GIVEN
     predicted_limiter: str | None = _NOT_GIVEN

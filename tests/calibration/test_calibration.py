@@ -95,6 +95,25 @@ def test_refit_from_runs_lowers_the_prediction_error(tmp_path):
     assert refit.host.step_update_factor == pytest.approx(base.host.step_update_factor / 0.6, rel=0.1)
 
 
+def test_layer_times_that_do_not_grow_keep_the_base_rates_with_a_warning(tmp_path):
+    """A busy machine (#14: notebook 03 failed with "link fit: times do not grow with size"): forward times that
+    shrink as the layers grow are no fit; the refit keeps the base's GPU rates and says so in one line."""
+    from slidedp.trace import load_trace, save_trace
+
+    base = load_hardware("h200-x1")
+    paths = _simulated_runs(tmp_path, _truth(base))[:3]  # three sizes: the one-rate-plus-fixed-cost fit
+    for i, path in enumerate(paths):  # every forward takes the same time, less for the larger layers
+        trace = load_trace(path / "trace.parquet")
+        fwd = trace.op == "fwd"
+        trace.loc[fwd, "end_s"] = trace.loc[fwd, "start_s"] + 0.010 / (i + 1)
+        save_trace(trace, path / "trace.parquet")
+    refit, report = refit_profile(base, [load_record(p) for p in paths])
+    assert refit.gpu.matmul_tflops == base.gpu.matmul_tflops
+    assert refit.gpu.attention_tflops == base.gpu.attention_tflops
+    (line,) = [w for w in report["warnings"] if w.startswith("GPU compute rates")]
+    assert "times do not grow with size" in line and "kept the base profile's" in line
+
+
 def test_step_update_factor_recovers_a_known_in_step_slowdown(tmp_path):
     from slidedp.calibration.from_run import fit_step_update_factor
 

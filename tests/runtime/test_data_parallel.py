@@ -114,7 +114,11 @@ def test_cli_nproc_trains_and_a_killed_rank_stops_every_rank(tmp_path):
     assert ok.returncode == 0, ok.stderr[-2000:]
     metrics = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
     assert len(metrics) == 3 and (tmp_path / "run" / "trace_rank1.parquet").exists()
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["ranks"] == 2
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["ranks"] == 2
+    # every rank's host memory: RSS counts the mapped shared state in each rank, PSS splits it between them
+    rss, pss = summary["host_rss_peak_gib_by_rank"], summary["host_pss_gib_by_rank"]
+    assert len(rss) == len(pss) == 2 and all(0 < p <= r for p, r in zip(pss, rss, strict=True))
     # the report reads every rank's trace: one track set and one exposure row per rank
     from slidedp.cli import main
     from slidedp.report.rundir import load_run
