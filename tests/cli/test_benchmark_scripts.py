@@ -189,3 +189,18 @@ def test_chat_sft_driver_trains_chat_and_text_and_plots_the_tensorboard_curves(t
     first = json.loads((out / "data" / "chat.jsonl").read_text().splitlines()[0])
     assert [m["role"] for m in first["messages"]] == ["system", "user", "assistant"]
     assert (out / "chat_sft.png").exists() and "| chat |" in (out / "chat_sft.md").read_text()
+
+
+def test_rank_memory_driver_reports_every_ranks_host_memory(tmp_path, tiny_config):
+    """benchmarks/rank_memory.py on the CPU: one and two ranks sharing the host state, every rank's RSS and PSS."""
+    out = tmp_path / "rm"
+    bench("rank_memory", "--model", tiny_config, "--ranks", "1", "2", "--seq", "16", "--batch", "2", "--steps", "2",
+          "--device", "cpu", "--out", out)
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["ranks"] for r in rows] == [1, 2] and all(r["rc"] == 0 for r in rows)
+    for r in rows:
+        assert len(r["pss_gib_by_rank"]) == len(r["rss_gib_by_rank"]) == r["ranks"]
+        assert 0 < r["pss_sum_gib"] <= r["rss_sum_gib"] and r["state_gib"] > 0
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.rank_memory", "--ranks", "4", "--batch", "6", "--out",
+                          str(out)], capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not divisible" in bad.stderr
