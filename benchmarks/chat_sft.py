@@ -32,7 +32,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from benchmarks.common import append_jsonl, log
+from benchmarks.common import append_jsonl, exit_code, log
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -243,10 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     runs["chat-mask"] = [*runs["chat"], "--packed-attention", "mask"]
     rows = [train(args, name, runs[name]) for name in args.runs]
     plot(rows, args.out, what)
-    failed = [r["run"] for r in rows if r["rc"] != 0]
-    if failed:
-        log(f"failed: {', '.join(failed)}")
-    return 1 if failed else 0
+    return exit_code(rows, "run")
 
 
 if __name__ == "__main__":

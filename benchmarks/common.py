@@ -83,3 +83,12 @@ def train_run(model: str, seq: int, policy_path: Path, steps: int, out: Path, *,
     proc = subprocess.run(cmd, check=False)
     summary = Path(out) / "summary.json"
     return proc.returncode, RunSummary.load(summary) if summary.exists() else None
+
+
+def exit_code(rows: list[dict], name: str) -> int:
+    """A driver's exit code from its rows (``rc`` per run, ``name`` the key naming the run): 1 and one line
+    listing the failed runs where any failed, else 0."""
+    failed = [str(r[name]) for r in rows if r["rc"] != 0]
+    if failed:
+        log(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0

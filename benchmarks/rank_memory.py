@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from benchmarks.common import append_jsonl, log, train_run
+from benchmarks.common import append_jsonl, exit_code, train_run
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 
@@ -68,10 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['ranks']:>5} {sizes}  {by_rank}")
         else:
             print(f"{r['ranks']:>5} exit {r['rc']}")
-    failed = [r["ranks"] for r in rows if r["rc"] != 0]
-    if failed:
-        log(f"failed: ranks {failed}")
-    return 1 if failed else 0
+    return exit_code(rows, "ranks")
 
 
 if __name__ == "__main__":

@@ -101,37 +101,30 @@ class TrainSpec:
             object.__setattr__(self, "data", DataSpec(source=self.data, tokenizer=self.tokenizer))
 
 
-def _meminfo_available() -> float:
+def proc_bytes(path: str, field: str, missing: float = float("nan")) -> float:
+    """A kB field of a /proc file (``field:  N kB``) in bytes; ``missing`` where the file or field is absent."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return float("inf")
-
-
-def rss_bytes(field: str = "VmRSS") -> float:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path(path).read_text().splitlines():
             if line.startswith(field + ":"):
                 return float(line.split()[1]) * 1024
     except OSError:
         pass
-    return float("nan")
+    return missing
+
+
+def _meminfo_available() -> float:
+    return proc_bytes("/proc/meminfo", "MemAvailable", missing=float("inf"))
+
+
+def rss_bytes(field: str = "VmRSS") -> float:
+    return proc_bytes("/proc/self/status", field)
 
 
 def pss_bytes() -> float:
     """This process's proportional set size: shared pages (the one host state in /dev/shm that every rank maps)
     count 1/N in each of the N processes that map them, so summed over a run's ranks it is what the group really
     holds, where the ranks' RSS would count the shared state once per rank."""
-    try:
-        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return float("nan")
+    return proc_bytes("/proc/self/smaps_rollup", "Pss")
 
 
 def ranks_host_memory(world: Comm) -> tuple[list[float], list[float]]:
