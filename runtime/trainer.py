@@ -26,7 +26,7 @@ from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.report.rundir import write_run_dir
 from slidedp.routes import Routes
-from slidedp.run_summary import RunSummary
+from slidedp.run_summary import RunSummary, span_field
 from slidedp.runtime import checkpoint_files
 from slidedp.runtime.chunks import ChunkTable
 from slidedp.runtime.comm import Comm, HostGroups
@@ -236,6 +236,8 @@ class Trainer:
         if self.varlen_kernel is not None:  # attention stays inside the examples: priced by their lengths
             self.attention_span = attention_span(example_lengths(self.data.rows.segments))
             self.workload = self._workload(s.policy)
+            self.log(f"packed rows: the examples' attention span is {self.attention_span:.0f} tokens (slidedp "
+                     f"simulate/tune --attention-span {self.attention_span:.0f} price this data)")
         if self.loaded.cached:
             self.log(f"data: tokenized rows reused from {self.loaded.cache_file}")
 
@@ -558,7 +560,7 @@ class Trainer:
         predicted = simulate(self.workload)
         return RunSummary(
             model=self.model_spec.name, model_spec=self.model_spec.to_dict(), hardware=s.hardware.name,
-            gpus=s.world, seq=s.seq, attention_span=self.attention_span, adam_threads=self.adam_threads_used,
+            gpus=s.world, seq=s.seq, **span_field(self.attention_span), adam_threads=self.adam_threads_used,
             batch=self.per_step, tokens_per_step=self.per_step * s.seq, policy=s.policy.to_dict(),
             ranks=s.world,
             source="measured", device=self.device_name, dtype=str(self.compute_dtype).replace("torch.", ""),

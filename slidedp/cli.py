@@ -42,6 +42,13 @@ def add_problem_args(p: argparse.ArgumentParser, batch_default: int | None = 32)
                    help="host memory limit in GiB (default: 90%% of the host's memory)")
 
 
+def add_span_arg(p: argparse.ArgumentParser) -> None:
+    """Packed instruction data through the varlen kernel: its attention is priced by the examples' lengths."""
+    p.add_argument("--attention-span", type=positive_float, metavar="TOKENS",
+                   help="packed rows (chat/instruction data): price attention for examples of this token-weighted "
+                        "mean length, sum(L^2)/sum(L); slidedp train prints it for its data (default: whole rows)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="slidedp", description="Simulate, tune and run host-resident layer-streaming training.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -58,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--peers", action="store_true",
                      help="also print the host bytes per parameter each peer system needs for this model")
     sim.add_argument("--trace", help="write the simulated trace (.json for Perfetto, .csv or .parquet)")
+    add_span_arg(sim)
     sim.add_argument("--json", action="store_true", help="print the result as JSON instead of tables")
     sim.add_argument("--out", help="write a run directory (trace, exposure, summary, policy, hardware) here")
     sim.set_defaults(func=_command("simulate", "run_simulate"))
@@ -78,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="host optimizer state precision: fp32 (exact, default), a compact mode (" + _state_names()
                       + ") or auto: let the tuner choose (exact unless it does not fit or a compact mode is "
                       "predicted >10%% faster; see slidedp.state_choice)")
+    add_span_arg(tune)
     tune.add_argument("--top-k", type=positive_int, default=6, help="candidates refined with the simulator (default 6)")
     tune.add_argument("--out", default="policy.yaml", help="where to write the winning policy (default policy.yaml)")
     tune.add_argument("--table", help="ranked table CSV (default: <out>_ranked.csv)")

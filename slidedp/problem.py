@@ -46,9 +46,19 @@ def resolve_policy(path: str | None, batch: int, hw: HardwareProfile, hosts: int
     return Policy.load(path)
 
 
-def resolve_problem(model: str, hardware: str, gpus: int | None, seq: int, batch: int,
-                    policy_path: str | None, hosts: int = 1) -> tuple[ModelSpec, HardwareProfile, Policy, StepWorkload]:
+def checked_span(span: float | None, seq: int) -> float | None:
+    """``--attention-span``: at most the sequence (a row's examples cannot be longer than the row)."""
+    if span is not None and span > seq:
+        raise SlideDPError(f"--attention-span {span:g} exceeds --seq {seq}: examples packed into a row are at "
+                           f"most the row long")
+    return span
+
+
+def resolve_problem(model: str, hardware: str, gpus: int | None, seq: int, batch: int, policy_path: str | None,
+                    hosts: int = 1, attention_span: float | None = None
+                    ) -> tuple[ModelSpec, HardwareProfile, Policy, StepWorkload]:
     spec = load_model_spec(model)
     hw = resolve_hardware(hardware, gpus)
     policy = resolve_policy(policy_path, batch, hw, hosts)
-    return spec, hw, policy, StepWorkload(spec, hw, policy, seq, batch, hosts=hosts)
+    return spec, hw, policy, StepWorkload(spec, hw, policy, seq, batch, hosts=hosts,
+                                          attention_span=checked_span(attention_span, seq))

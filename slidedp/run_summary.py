@@ -69,6 +69,12 @@ class MemorySummary:
     host_state_bytes_per_param: float
 
 
+def span_field(attention_span: float | None) -> dict[str, float]:
+    """The ``attention_span`` keyword of a summary: given only for packed rows priced by their examples, so
+    the summaries of whole-row runs keep their keys."""
+    return {} if attention_span is None else {"attention_span": attention_span}
+
+
 @dataclass(frozen=True)
 class RunSummary:
     """Problem, policy, step time, throughput, limiter and memory of one run; the JSON keys are the field names.

@@ -137,14 +137,15 @@ def enumerate_policies(space: TuneSpace, hw: HardwareProfile, global_batch: int,
 
 
 def most_gpu_state_units(model: ModelSpec, hw: HardwareProfile, policy: Policy, seq: int, global_batch: int,
-                         units: tuple[Unit, ...], gpu_budget: float,
-                         hosts: int = 1) -> tuple[StepWorkload, MemoryEstimate] | None:
+                         units: tuple[Unit, ...], gpu_budget: float, hosts: int = 1,
+                         attention_span: float | None = None) -> tuple[StepWorkload, MemoryEstimate] | None:
     """The workload (and its memory) with the largest ``gpu_state_units`` (> 0) whose GPU peak fits the budget,
     or None when not even the first unit fits. GPU memory grows with every unit held, so bisection finds it."""
     lo, hi, best = 1, len(units), None
     while lo <= hi:
         mid = (lo + hi) // 2
-        w = StepWorkload(model, hw, policy.with_(gpu_state_units=mid), seq, global_batch, units=units, hosts=hosts)
+        w = StepWorkload(model, hw, policy.with_(gpu_state_units=mid), seq, global_batch, units=units, hosts=hosts,
+                         attention_span=attention_span)
         mem = estimate_memory(w)
         if mem.gpu_peak <= gpu_budget:
             best, lo = (w, mem), mid + 1
@@ -166,9 +167,10 @@ def seq_tile_candidates(space: TuneSpace, tokens_per_micro_batch: int) -> tuple[
 
 def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, budget: Budget,
          space: TuneSpace | None = None, refine_top: int = 6, progress: Progress | None = None,
-         hosts: int = 1) -> TuneResult:
+         hosts: int = 1, attention_span: float | None = None) -> TuneResult:
     """Best policy for the problem under ``budget`` (per host; ``hosts`` hosts of ``hw``, where the tuner also
-    chooses the host layout); raises SlideDPError naming the budget needed if none fits.
+    chooses the host layout); raises SlideDPError naming the budget needed if none fits. ``attention_span``:
+    packed rows through the varlen kernel (slidedp.units.attention_span; None: whole rows).
 
     Untiled layers first; only when no untiled policy fits are sequence tiles tried (each policy with the
     largest tile that fits), since tiling reruns each tile's norms and MLP in backward."""
@@ -188,8 +190,9 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
         key = (policy.activation, policy.micro_batch, policy.accumulation, policy.loss_chunk_tokens,
                policy.seq_tile_tokens)
         if key not in units_cache:
-            units_cache[key] = build_units(model, hw.gpu, *key[:3], seq, *key[3:])
-        w = StepWorkload(model, hw, policy, seq, global_batch, units=units_cache[key], hosts=hosts)
+            units_cache[key] = build_units(model, hw.gpu, *key[:3], seq, *key[3:], attention_span=attention_span)
+        w = StepWorkload(model, hw, policy, seq, global_batch, units=units_cache[key], hosts=hosts,
+                         attention_span=attention_span)
         mem = estimate_memory(w)
         smallest_host = min(smallest_host, mem.host_total)
         if mem.host_total <= budget.host_bytes and mem.gpu_peak < smallest_gpu:
@@ -200,7 +203,7 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
         feasible.append(Candidate(policy, estimate_step(w, with_memory=False), mem))
         # The sharded host layout keeps each host's share of the master only: no GPU-held units (runtime).
         held = (most_gpu_state_units(model, hw, policy, seq, global_batch, units_cache[key], budget.gpu_bytes,
-                                     hosts) if space.gpu_state and not w.routes.shards_hosts else None)
+                                     hosts, attention_span) if space.gpu_state and not w.routes.shards_hosts else None)
         if held is not None:
             w_held, mem_held = held
             workloads[id(w_held.policy)] = w_held

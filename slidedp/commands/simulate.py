@@ -26,7 +26,7 @@ from slidedp.peers import (
 )
 from slidedp.problem import Budget, resolve_budget, resolve_hardware, resolve_problem
 from slidedp.report.rundir import write_run_dir
-from slidedp.run_summary import AnalyticalStep, MemorySummary, RunSummary, SimulatedStep
+from slidedp.run_summary import AnalyticalStep, MemorySummary, RunSummary, SimulatedStep, span_field
 from slidedp.sim import SimResult, simulate
 from slidedp.state_choice import AUTO, StateChoice, choose_state, measured_states, state_options
 from slidedp.trace import EXPOSURE_CATEGORIES, save_trace
@@ -37,7 +37,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if peer_system(getattr(args, "system", SLIDEDP)) is not None:
         return run_peer_simulate(args)
     spec, hw, policy, w = resolve_problem(args.model, args.hardware, args.gpus, args.seq, args.batch, args.policy,
-                                          getattr(args, "hosts", 1))
+                                          getattr(args, "hosts", 1), getattr(args, "attention_span", None))
     budget = resolve_budget(hw, args.gpu_budget, args.host_limit)
     w, est, result, choice = _simulate_state(w, getattr(args, "state", None), budget)
     policy = w.policy
@@ -45,7 +45,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         save_trace(result.trace, args.trace)
     summary = RunSummary(
         model=spec.name, model_spec=spec.to_dict(), hardware=hw.name, gpus=hw.num_gpus, seq=w.seq,
-        batch=w.global_batch, tokens_per_step=w.tokens_per_step, policy=policy.to_dict(), source="simulated",
+        **span_field(w.attention_span), batch=w.global_batch, tokens_per_step=w.tokens_per_step,
+        policy=policy.to_dict(), source="simulated",
         step_time_s=result.step_time_s, tokens_per_s=result.tokens_per_s, limiter=result.limiter,
         bottleneck=result.bottleneck,
         simulated=SimulatedStep(step_time_s=result.step_time_s, tokens_per_s=result.tokens_per_s,
@@ -84,7 +85,8 @@ def _simulate_state(w: StepWorkload, state: str | None, budget: Budget
     every mode is simulated where it fits and slidedp.state_choice picks one. Refuses a step that does not fit."""
     if state != AUTO:
         if state is not None:
-            w = StepWorkload(w.model, w.hw, w.policy.with_(state=state), w.seq, w.global_batch, units=w.units)
+            w = StepWorkload(w.model, w.hw, w.policy.with_(state=state), w.seq, w.global_batch, units=w.units,
+                             attention_span=w.attention_span)
         est, problems = _estimate_and_shortfalls(w, budget)
         if problems:
             hint = ("; compact host state needs less (--state auto, or e.g. --state bf16+int8)"
@@ -94,7 +96,8 @@ def _simulate_state(w: StepWorkload, state: str | None, budget: Budget
     runs: dict[str, tuple[StepWorkload, StepEstimate, SimResult]] = {}
     misfits: dict[str, list[str]] = {}
     for mode in state_options(AUTO):
-        wm = StepWorkload(w.model, w.hw, w.policy.with_(state=mode), w.seq, w.global_batch, units=w.units)
+        wm = StepWorkload(w.model, w.hw, w.policy.with_(state=mode), w.seq, w.global_batch, units=w.units,
+                          attention_span=w.attention_span)
         est, problems = _estimate_and_shortfalls(wm, budget)
         if problems:
             misfits[mode] = problems
@@ -156,6 +159,9 @@ def run_peer_simulate(args: argparse.Namespace) -> int:
     """One step of a peer system: its own plan in the same simulator, its own memory model."""
     if args.policy:
         raise SlideDPError(f"--policy applies to slidedp only; {args.system} runs as the measured peer does")
+    if getattr(args, "attention_span", None) is not None:
+        raise SlideDPError(f"--attention-span prices slidedp's varlen path for packed rows; {args.system} is "
+                           "simulated on whole rows, as it was measured")
     spec = load_model_spec(args.model)
     hw = resolve_hardware(args.hardware, args.gpus)
     step = peer_step(args.system, spec, hw, args.seq, args.batch)

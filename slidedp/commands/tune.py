@@ -14,7 +14,7 @@ from rich.table import Table
 from slidedp.commands.progress import progress_callback
 from slidedp.errors import SlideDPError
 from slidedp.model_spec import load_model_spec
-from slidedp.problem import resolve_budget, resolve_hardware
+from slidedp.problem import checked_span, resolve_budget, resolve_hardware
 from slidedp.state_choice import state_options
 from slidedp.tune import TuneSpace, tune
 
@@ -40,7 +40,8 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.seq_tiles:
         space = replace(space, seq_tiles=tuple(t for t in args.seq_tiles if t > 0))
     with progress_callback("tuning") as progress:
-        result = tune(spec, hw, args.seq, batch, budget, space, refine_top=args.top_k, progress=progress, hosts=hosts)
+        result = tune(spec, hw, args.seq, batch, budget, space, refine_top=args.top_k, progress=progress, hosts=hosts,
+                      attention_span=checked_span(args.attention_span, args.seq))
     table = result.table()
     out = Path(args.out)
     result.best.policy.save(out)

@@ -56,3 +56,26 @@ def test_a_shorter_span_is_cheaper_and_checked():
     assert sum(u.fwd_s + u.bwd_s for u in packed.units) < sum(u.fwd_s + u.bwd_s for u in whole.units)
     with pytest.raises(SlideDPError, match="attention span"):
         StepWorkload(m, hw, policy, 2048, 16, attention_span=4096.0)
+
+
+def test_simulate_and_tune_take_the_span_of_packed_data(tmp_path, capsys):
+    import json
+
+    from slidedp.cli import main
+
+    def sim(*extra):
+        assert main(["simulate", "--model", "qwen3-0.6b", "--hardware", "h200-x1", "--seq", "2048", "--batch", "16",
+                     "--policy", str(policy), "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    policy = tmp_path / "p.yaml"
+    Policy(micro_batch=16, accumulation=1, gpu_state_units=30, activation="keep").save(policy)
+    whole, packed = sim(), sim("--attention-span", "334")
+    assert packed["attention_span"] == 334 and whole.get("attention_span") is None
+    assert packed["step_time_s"] < whole["step_time_s"]  # every unit's state on the GPU: compute-bound
+    assert main(["simulate", "--model", "qwen3-0.6b", "--seq", "2048", "--attention-span", "4096"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exceeds --seq 2048" in err
+    assert main(["tune", "--model", "qwen3-0.6b", "--hardware", "h200-x1", "--seq", "2048", "--batch", "16",
+                 "--attention-span", "334", "--out", str(tmp_path / "t.yaml")]) == 0
+    assert (tmp_path / "t.yaml").exists()
