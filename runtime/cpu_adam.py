@@ -201,26 +201,26 @@ struct Q8Pending {
     uint8_t* v8;
 };
 
-// Codes of elements [i, i + 16) of a pending block: the same operations as the tail loop of compact_block.
+// Codes of elements [i, i + 16) of a pending block: the codes of the tail loop of compact_block, with the rounding
+// and the clamps in integers where that is the same function: cvtps2dq rounds like nearbyint (the current mode)
+// and is exact on min(x, 127) (round then clamp = clamp then round for a clamp at an integer); NaN (and only NaN)
+// becomes 0x80000000, which a negation keeps, an unsigned max keeps and the byte store truncates to 0, the
+// byte compact_block writes for NaN; negating the integer where m's sign bit is set is copysign.
 static inline void quantize16(const Q8Pending& q8, int64_t i) {
     const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
-    const __m512i sign_mask = _mm512_set1_epi32(static_cast<int>(0x80000000u));
-    const __m512 c127 = _mm512_set1_ps(127.0f), c255 = _mm512_set1_ps(255.0f), one = _mm512_set1_ps(1.0f);
-    constexpr int round_mode = _MM_FROUND_CUR_DIRECTION | _MM_FROUND_NO_EXC;  // what nearbyint compiles to
+    const __m512 c127 = _mm512_set1_ps(127.0f), c255 = _mm512_set1_ps(255.0f);
     const __m512 m = _mm512_load_ps(q8.mb + i);
-    const __m512 r = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_mul_ps(m, _mm512_set1_ps(q8.im))),
-                                                          abs_mask));
-    __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sqrt_ps(r), c127), round_mode);
-    q = _mm512_min_ps(c127, q);  // std::min(q, 127): NaN stays NaN
-    q = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(q),  // copysign(q, m): q >= 0 or NaN
-                                            _mm512_and_si512(_mm512_castps_si512(m), sign_mask)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q8.m8 + i), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(q)));
+    const __m512i mr = _mm512_castps_si512(_mm512_mul_ps(m, _mm512_set1_ps(q8.im)));
+    const __m512 r = _mm512_castsi512_ps(_mm512_and_si512(mr, abs_mask));
+    __m512i q = _mm512_cvtps_epi32(_mm512_min_ps(c127, _mm512_mul_ps(_mm512_sqrt_ps(r), c127)));  // NaN stays NaN
+    q = _mm512_mask_sub_epi32(q, _mm512_movepi32_mask(_mm512_castps_si512(m)), _mm512_setzero_si512(), q);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q8.m8 + i), _mm512_cvtepi32_epi8(q));
     const __m512 x = _mm512_load_ps(q8.sb + i);
-    __m512 w = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_sqrt_ps(_mm512_mul_ps(x, _mm512_set1_ps(q8.iv))), c255),
-                                    round_mode);
-    w = _mm512_min_ps(c255, w);
-    w = _mm512_max_ps(_mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), one), w);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q8.v8 + i), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(w)));
+    const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(q8.iv));
+    __m512i w = _mm512_cvtps_epi32(_mm512_min_ps(c255, _mm512_mul_ps(_mm512_sqrt_ps(y), c255)));
+    // std::max(w, v > 0 ? 1 : 0): a positive v never codes as 0
+    w = _mm512_mask_max_epu32(w, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), w, _mm512_set1_epi32(1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q8.v8 + i), _mm512_cvtepi32_epi8(w));
 }
 
 static inline void quantize_block(const Q8Pending& q8) {
