@@ -174,12 +174,18 @@ static inline __m512 bf16x16_load(const uint16_t* p) {
 }
 
 static inline __m512i quiet_nan_fix(__m512i u, __m512i r) {  // (u & 0x7fffffff) > 0x7f800000 ? (u >> 16) | 0x40 : r
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                  _mm512_set1_epi32(0x7f800000));
-    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    const __mmask16 nan = _mm512_fpclass_ps_mask(_mm512_castsi512_ps(u), 0x81);  // quiet or signalling NaN
+    return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
 }
 
 static inline void bf16x16_store_rne(uint16_t* p, __m512 f) {  // f32_to_bf16
+#if defined(__AVX512BF16__)
+    // vcvtneps2bf16 is this rounding (nearest-even, NaN -> (u >> 16) | 0x40) except that it reads a denormal as 0
+    if (_mm512_fpclass_ps_mask(f, 0x20) == 0) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(f)));
+        return;
+    }
+#endif
     const __m512i u = _mm512_castps_si512(f);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
