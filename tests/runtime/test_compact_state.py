@@ -162,6 +162,32 @@ def test_kernel_matches_torch_path_bit_for_bit(master, moments, grad, weights):
             assert torch.equal(t.view(torch.uint8), b[name].view(torch.uint8)), name
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("master, moments", [("fp32", "int8"), ("bf16", "int8"), ("bf16", "bf16")])
+def test_kernel_matches_torch_path_across_a_2_32_index_boundary(master, moments, threads):
+    """Whole blocks on both sides of a block whose indices straddle 2**32 (the kernel's per-block paths differ
+    there: the 8-bit codes a thread leaves pending for its next block are written before it), and a zero block."""
+    kernel = fused_kernel()
+    assert kernel is not None, fused_kernel_error()
+    n, index0 = 12 * INT8_BLOCK + 5, 2 ** 32 - 5 * INT8_BLOCK - 100
+    a = _state(master, moments, "bf16", "none" if master == "bf16" else "grad", n)
+    a["grad"][INT8_BLOCK:2 * INT8_BLOCK] = 0
+    b = _copy(a)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        for step in (1, 2):
+            s = ca.AdamScalars(lr=2e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, step=step, grad_scale=0.7,
+                               seed=5)
+            ca.compact_adamw_(ca.CompactRange(**a, index0=index0), s)
+            ca.compact_update(kernel, ca.CompactRange(**b, index0=index0), s)
+    finally:
+        torch.set_num_threads(saved)
+    for name, t in a.items():
+        if t is not None:
+            assert torch.equal(t.view(torch.uint8), b[name].view(torch.uint8)), name
+
+
 # ---- training -----------------------------------------------------------------------------------------------
 SEQ = 16
 OPT = OptimConfig(lr=1e-2, weight_decay=0.01, beta2=0.95, max_grad_norm=1.0, warmup_steps=3, total_steps=60)
