@@ -191,6 +191,7 @@ def test_chat_sft_driver_trains_chat_and_text_and_plots_the_tensorboard_curves(t
     assert (out / "chat_sft.png").exists() and "| chat |" in (out / "chat_sft.md").read_text()
 
 
+@pytest.mark.slow
 def test_rank_memory_driver_reports_every_ranks_host_memory(tmp_path, tiny_config):
     """benchmarks/rank_memory.py on the CPU: one and two ranks sharing the host state, every rank's RSS and PSS."""
     out = tmp_path / "rm"

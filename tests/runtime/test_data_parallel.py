@@ -50,7 +50,8 @@ def test_matches_single_process_at_the_same_global_batch(tmp_path, world, param_
                                      {(u * 3 + c) % world for u in range(5) for c in range(3)})
 
 
-@pytest.mark.parametrize("param_route, grad_route", [("replicated", "per_rank"), ("sharded", "reduce_scatter")])
+@pytest.mark.parametrize("param_route, grad_route", [pytest.param("replicated", "per_rank", marks=pytest.mark.slow),
+                                                     ("sharded", "reduce_scatter")])
 def test_as_ready_ranks_match_single_process(tmp_path, param_route, grad_route):
     """The as_ready schedule (each chunk updated as soon as its summed gradient is on the host; no clipping,
     which it cannot do) over ranks sharing the state, against one process at the same global batch."""
