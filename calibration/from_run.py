@@ -60,7 +60,7 @@ def load_record(path: str | Path) -> RunRecord:
                      seq=int(s.seq), batch=int(s.batch), ranks=int(ranks), adam_threads=s.adam_threads,
                      measured_s=float(s.step_time_s),
                      measured_limiter=str(s.limiter if "limiter" in s.given else ""), trace=run.trace,
-                     attention_span=s.attention_span if "attention_span" in s.given else None)
+                     attention_span=s.attention_span)
 
 
 def validate(records: list[RunRecord], hw: HardwareProfile) -> pd.DataFrame:
@@ -270,7 +270,7 @@ def _refit_compute(gpu, records: list[RunRecord]):
             continue
         tokens = r.seq * r.policy.micro_batch
         lin.append(r.spec.layer_linear_flops_per_token() * tokens)
-        att.append(r.spec.layer_attention_flops_per_token(r.attention_span or r.seq) * tokens)
+        att.append(r.spec.layer_attention_flops_per_token(r.seq, r.attention_span) * tokens)
         tok.append(tokens)
         sec.append(float((fwd.end_s - fwd.start_s).median()) / r.policy.accumulation)
     if not sec:

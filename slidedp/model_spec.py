@@ -87,9 +87,11 @@ class ModelSpec:
         """Forward matmul FLOPs of one decoder layer per token (2 per weight)."""
         return 2.0 * (self.layer_params - 2 * self.hidden)
 
-    def layer_attention_flops_per_token(self, seq: int) -> float:
-        """Forward causal attention FLOPs per token: QK^T and PV over an average context of seq/2."""
-        return 2.0 * 2.0 * self.q_dim * (seq / 2.0)
+    def layer_attention_flops_per_token(self, seq: int, span: float | None = None) -> float:
+        """Forward causal attention FLOPs per token: QK^T and PV over an average context of half the attended
+        length: the row (``seq``), or for packed rows through the varlen kernel the examples' ``span``."""
+        attended = seq if span is None else span
+        return 2.0 * 2.0 * self.q_dim * (attended / 2.0)
 
     def head_flops_per_token(self) -> float:
         """Forward lm_head FLOPs per token (the loss itself is negligible)."""
@@ -98,7 +100,7 @@ class ModelSpec:
     def train_flops_per_token(self, seq: int, span: float | None = None) -> float:
         """Model FLOPs per trained token (fwd + bwd = 3x fwd, no recompute): the TFLOPS numerator. ``span``:
         packed rows attending inside examples of this token-weighted mean length (None: whole rows)."""
-        per_layer = self.layer_linear_flops_per_token() + self.layer_attention_flops_per_token(span or seq)
+        per_layer = self.layer_linear_flops_per_token() + self.layer_attention_flops_per_token(seq, span)
         return 3.0 * (self.layers * per_layer + self.head_flops_per_token())
 
     # ---- activations -----------------------------------------------------------------------------
