@@ -104,6 +104,7 @@ class ExternalPeer:
     differences: tuple[str, ...]  # every setting that differs from the other systems of the comparison
     arguments: Callable[[PeerInputs, Path, int, int], list[str]]  # (inputs, script, batch, steps) -> its argv
     parse: Callable[[Lines], Parsed]
+    probe_environment: tuple[tuple[str, str], ...] = ()  # peer_probe settings its process needs (see peer_probe)
 
 
 # ---- parsing ---------------------------------------------------------------------------------------------------
@@ -230,10 +231,12 @@ MEGATRAIN = ExternalPeer(
         "bf16 parameters on the host with no fp32 master (AdamW updates bf16 weights; fp32 moments)",
         "activation checkpoint every 4 decoder layers (checkpoint_interval), each layer fetched 3 times a step",
         "loss over 128-token chunks whose log-probabilities stay until backward (no per-chunk recompute)",
-        "attention: SDPA with a 4-D mask (flash-attn is not on the GPU machine)",
+        "attention: SDPA, not its default flash-attn 2 (not on the GPU machine); its layers get the 2-D padding "
+        "mask flash-attn takes, which peer_probe translates for SDPA (no padding in these rows: causal)",
         "global clipping at 1.0 over bf16 CPU gradients; lr, betas, eps, weight decay as the others",
     ),
-    arguments=megatrain_arguments, parse=parse_megatrain)
+    arguments=megatrain_arguments, parse=parse_megatrain,
+    probe_environment=(("PEER_PROBE_SDPA_PADDING_MASK", "1"),))
 
 EXTERNAL: dict[str, ExternalPeer] = {p.name: p for p in (SLIDEFORMER, MEGATRAIN)}
 
@@ -390,6 +393,7 @@ def peer_env(peer: ExternalPeer, folder: Path, port: int) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([*paths, env["PYTHONPATH"]] if env.get("PYTHONPATH") else paths)
     env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
+    env.update(peer.probe_environment)
     return env
 
 

@@ -8,6 +8,11 @@ The last line it prints (also after an exception or ``sys.exit``) is ``PEER_PROB
 ``gpu_peak_gib`` (``torch.cuda.max_memory_allocated`` of the current device, NaN where CUDA was never used) and
 ``host_rss_peak_gib`` (VmHWM). It imports nothing from SlideDP, so the peer's imports resolve as they would
 when it runs alone (the script's folder first on ``sys.path``).
+
+With ``PEER_PROBE_SDPA_PADDING_MASK=1`` in the environment, transformers' "sdpa" attention also takes the 2-D
+``[batch, keys]`` padding mask that flash-attn 2's path takes: a peer written for flash-attn (MegaTrain hands
+that mask to each decoder layer) then runs on a machine without flash-attn, attending exactly as flash-attn
+would (causal, padded keys masked), without a change to the peer's code.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from __future__ import annotations
 import atexit
 import json
 import math
+import os
 import runpy
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 MARKER = "PEER_PROBE"
@@ -44,6 +51,41 @@ def report() -> None:
           flush=True)
 
 
+def sdpa_taking_padding_masks(sdpa: Callable) -> Callable:
+    """Wrap transformers' SDPA attention so that a 2-D 0/1 padding mask means what flash-attn 2 makes of it.
+
+    An all-ones mask becomes no mask (SDPA's causal kernel, as flash-attn runs unpadded rows); one with padding
+    becomes the 4-D boolean causal-and-key mask. The translation of the last mask seen is kept, so the same
+    mask, handed to every layer of a step, is inspected (one device sync) once a step, not once a layer."""
+    import torch
+
+    last: list = [None, None]  # [mask, its translation]
+
+    def attend(module, query, key, value, attention_mask, *args, **kwargs):
+        if attention_mask is not None and attention_mask.dim() == 2:
+            if attention_mask is not last[0]:
+                keep = attention_mask.bool()
+                if bool(keep.all()):
+                    translated = None
+                else:
+                    q, k = query.shape[-2], key.shape[-2]
+                    causal = torch.ones(q, k, dtype=torch.bool, device=query.device).tril(k - q)
+                    translated = causal[None, None] & keep[:, None, None, :].to(query.device)
+                last[:] = [attention_mask, translated]
+            attention_mask = last[1]
+        return sdpa(module, query, key, value, attention_mask, *args, **kwargs)
+
+    return attend
+
+
+def install_sdpa_padding_masks() -> None:
+    """Register the wrapper as transformers' "sdpa" attention for every model of this process."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register("sdpa", sdpa_taking_padding_masks(sdpa_attention_forward))
+
+
 def main() -> None:
     if len(sys.argv) < 2:
         print("usage: peer_probe.py SCRIPT [ARGS ...]", file=sys.stderr)
@@ -52,6 +94,8 @@ def main() -> None:
     sys.argv = [str(script), *sys.argv[2:]]
     sys.path[0] = str(script.parent)
     atexit.register(report)
+    if os.environ.get("PEER_PROBE_SDPA_PADDING_MASK") == "1":
+        install_sdpa_padding_masks()
     runpy.run_path(str(script), run_name="__main__")
 
 
