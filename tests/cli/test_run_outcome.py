@@ -1,0 +1,35 @@
+"""The closing lines of `slidedp train`: the prediction beside the measurement only where the two describe the same
+machine (2026-12-06 on the H100: three ranks sharing the GPU printed "predicted 0.505 s/step for h200-x1@3,
+measured 5.978 s/step (-92%)", an error of the comparison, not of the simulator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from slidedp.commands.train import run_outcome
+
+
+def _summary(device: str) -> SimpleNamespace:
+    return SimpleNamespace(steps=3, global_step=3, step_time_s=5.978, tokens_per_s=1028.0, device=device,
+                           final_loss=12.1361, eval_loss=None, predicted_step_time_s=0.505, tuner_step_time_s=None)
+
+
+def _spec(ranks_per_gpu: int) -> SimpleNamespace:
+    return SimpleNamespace(hardware=SimpleNamespace(name="h200-x1@3"), out=Path("runs/x"), ranks_per_gpu=ranks_per_gpu)
+
+
+def test_one_rank_per_gpu_gets_the_error_of_the_prediction():
+    text = run_outcome(_summary("cuda:0"), _spec(1))
+    assert "measured 5.978 s/step (-92%)" in text
+
+
+def test_ranks_sharing_a_gpu_get_no_error_figure_and_the_reason():
+    text = run_outcome(_summary("cuda:0"), _spec(3))
+    assert "%" not in text
+    assert "3 ranks share each GPU" in text and "not comparable" in text
+
+
+def test_a_cpu_run_is_not_compared_with_a_gpu_profile():
+    text = run_outcome(_summary("cpu"), _spec(1))
+    assert "%" not in text and "on the CPU" in text
