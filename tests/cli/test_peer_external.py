@@ -245,16 +245,22 @@ def test_setup_lays_out_only_what_the_peer_runs_and_records_the_commit(tmp_path)
 
 
 def test_paper_predictions_label_the_stand_in_rate_and_divide_like_the_report(tiny_config):
-    """SlideFormer's untimed kernel is predicted with DeepSpeedCPUAdam's measured curve and MegaTrain's bf16 passes
-    with the fp32 ones, each row naming only its own stand-ins; ZeRO-2-Offload uses the profile's own rates; the
-    ratio lines are SlideDP's tokens/s over each peer's."""
+    """SlideFormer's untimed kernel is predicted with DeepSpeedCPUAdam's measured curve and, on a profile that has
+    not timed them, MegaTrain's bf16 passes with the fp32 ones, each row naming only its own stand-ins (h200-x1 has
+    MegaTrain's since 2026-12-06); ZeRO-2-Offload uses the profile's own rates; the ratio lines are SlideDP's
+    tokens/s over each peer's."""
     from benchmarks.paper_peer_predictions import markdown, measured_steps, predictions
     from slidedp.hardware import load_hardware
 
-    pred = predictions(str(tiny_config), load_hardware("h200-x1"), 64, [1, 2])
+    hardware = load_hardware("h200-x1")
+    pred = predictions(str(tiny_config), hardware, 64, [1, 2])
     assert pred["slideformer"][1]["note"] == "stand-in rate slideformer_cpu_adam := deepspeed_cpu_adam"
-    assert pred["megatrain"][1]["note"] == ("stand-in rate deepspeed_cpu_adam_bf16 := deepspeed_cpu_adam, "
-                                            "torch_clip_grad_norm_bf16 := torch_clip_grad_norm")
+    assert pred["megatrain"][1]["note"] == ""
+    untimed = {k: v for k, v in hardware.host.peer_adam_gparams_per_s.items() if not k.endswith("_bf16")}
+    older = dataclasses.replace(hardware, host=dataclasses.replace(hardware.host, peer_adam_gparams_per_s=untimed))
+    assert predictions(str(tiny_config), older, 64, [1])["megatrain"][1]["note"] == (
+        "stand-in rate deepspeed_cpu_adam_bf16 := deepspeed_cpu_adam, "
+        "torch_clip_grad_norm_bf16 := torch_clip_grad_norm")
     assert pred["zero2-offload"][2]["note"] == "" and pred["zero2-offload"][2]["status"] == "ok"
     ratio = pred["slidedp"][2]["tokens_per_s"] / pred["megatrain"][2]["tokens_per_s"]
     assert f"b2: {ratio:.2f}x" in markdown(pred, [1, 2])
