@@ -66,8 +66,9 @@ def _policy(world: int, param_route: str, grad_route: str, schedule: str = "next
 
 
 CASES = [(2, pr, gr, "next_forward", 0) for pr in ("replicated", "sharded") for gr in ("per_rank", "reduce_scatter")]
-CASES += [(3, "sharded", "reduce_scatter", "next_forward", 0), (2, "replicated", "per_rank", "after_backward", 0),
-          (2, "sharded", "reduce_scatter", "as_ready", 0), (2, "sharded", "reduce_scatter", "next_forward", 2)]
+CASES += [(3, pr, gr, "next_forward", 0) for pr in ("replicated", "sharded") for gr in ("per_rank", "reduce_scatter")]
+CASES += [(2, "replicated", "per_rank", "after_backward", 0), (2, "sharded", "reduce_scatter", "as_ready", 0),
+          (2, "sharded", "reduce_scatter", "next_forward", 2), (2, "replicated", "per_rank", "next_forward", 2)]
 
 
 @pytest.fixture(scope="module")
