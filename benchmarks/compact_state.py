@@ -36,7 +36,7 @@ MODES = [p.name for p in STATE_CHOICES]
 
 
 def _policy(model: str, seq: int, batch: int, state: str, out: Path, tune: bool, hardware: str,
-            threads: int | None = None) -> Path:
+            threads: int | None = None, gpu_budget: float | None = None) -> Path:
     """A policy YAML for one run: the tuner's host-only choice (or the default policy) with ``state`` applied,
     and ``threads`` optimizer threads where given. A tuner that finds nothing (e.g. a memory model that does not
     know the state) falls back to the default."""
@@ -45,9 +45,12 @@ def _policy(model: str, seq: int, batch: int, state: str, out: Path, tune: bool,
     path = out / f"policy-b{batch}-{state}{'' if threads is None else f'-t{threads}'}.yaml"
     policy = None
     if tune:
-        tuned = out / f"tuned-b{batch}-{state}.yaml"  # the mode decides the fit (Qwen3-14B fits only compact)
+        budget = "" if gpu_budget is None else f"-g{gpu_budget:g}"
+        tuned = out / f"tuned-b{batch}-{state}{budget}.yaml"  # the mode decides the fit (Qwen3-14B: only compact)
         cmd = [sys.executable, "-m", "slidedp.cli", "tune", "--model", model, "--seq", str(seq), "--batch", str(batch),
                "--hardware", hardware, "--no-gpu-state", "--state", state, "--out", str(tuned)]
+        if gpu_budget is not None:  # a profile of a bigger GPU than this one (h200-x1's host on an H100)
+            cmd += ["--gpu-budget", str(gpu_budget)]
         if tuned.exists() or subprocess.run(cmd, check=False, capture_output=True).returncode == 0:
             policy = Policy.load(str(tuned))
         else:
@@ -60,10 +63,10 @@ def _policy(model: str, seq: int, batch: int, state: str, out: Path, tune: bool,
 
 
 def _run_row(part: str, model: str, seq: int, batch: int, state: str, out: Path, steps: int, device: str,
-             tune: bool, hardware: str, threads: int | None = None) -> dict:
+             tune: bool, hardware: str, threads: int | None = None, gpu_budget: float | None = None) -> dict:
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    policy = _policy(model, seq, batch, state, runs, tune, hardware, threads)
+    policy = _policy(model, seq, batch, state, runs, tune, hardware, threads, gpu_budget)
     run_dir = runs / f"{part}-{model_label(model)}-b{batch}-{state}{'' if threads is None else f'-t{threads}'}"
     rc, summary = train_run(model, seq, policy, steps, run_dir, device=device, hardware=hardware,
                             extra=("--log", "none"))
@@ -119,13 +122,13 @@ def part_steps(args: argparse.Namespace) -> None:
         for state in args.states:
             for threads in args.adam_threads or [None]:
                 _run_row("steps", args.model, args.seq, batch, state, args.out, args.steps, args.device, args.tune,
-                         args.hardware, threads)
+                         args.hardware, threads, args.gpu_budget)
 
 
 def part_big(args: argparse.Namespace) -> None:
     for batch in args.batches:
         _run_row("big", args.model, args.seq, batch, args.states[0], args.out, args.steps, args.device, args.tune,
-                 args.hardware)
+                 args.hardware, gpu_budget=args.gpu_budget)
 
 
 def real_text(spec: str, limit_mb: float, out: Path) -> tuple[Path, str]:
@@ -234,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--hardware", default="h200-x1")
+    ap.add_argument("--gpu-budget", type=float, metavar="GIB",
+                    help="steps/big: tune under this GPU budget (a profile of a bigger GPU than the one it runs on)")
     ap.add_argument("--no-tune", dest="tune", action="store_false", help="default policy instead of the tuner's")
     ap.add_argument("--params", type=int, default=64_000_000, help="rates: parameters per update")
     ap.add_argument("--threads", type=int, nargs="+", default=sorted({1, 2, 4, 8, 16, os.cpu_count() or 1}))

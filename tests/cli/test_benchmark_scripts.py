@@ -205,3 +205,14 @@ def test_rank_memory_driver_reports_every_ranks_host_memory(tmp_path, tiny_confi
     bad = subprocess.run([sys.executable, "-m", "benchmarks.rank_memory", "--ranks", "4", "--batch", "6", "--out",
                           str(out)], capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not divisible" in bad.stderr
+
+
+def test_compact_state_tunes_under_the_gpu_budget_it_is_given(tmp_path, tiny_config):
+    """On an H100 with h200-x1's measured host, the tuner must plan for the 80 GiB card, not the profile's 139 GiB
+    (2026-12-06: batch 4 planned 104 GiB and the preflight refused it): --gpu-budget reaches `slidedp tune`."""
+    from benchmarks.compact_state import _policy
+
+    roomy = _policy(str(tiny_config), 16, 2, "fp32", tmp_path, True, "h200-x1", gpu_budget=8.0)
+    assert (tmp_path / "tuned-b2-fp32-g8.yaml").exists() and roomy.exists()
+    _policy(str(tiny_config), 16, 2, "fp32", tmp_path, True, "h200-x1", gpu_budget=1e-6)
+    assert not (tmp_path / "tuned-b2-fp32-g1e-06.yaml").exists()  # nothing fits: the default policy, said so
