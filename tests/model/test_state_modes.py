@@ -146,10 +146,19 @@ def test_tuner_stays_exact_by_default_and_chooses_a_mode_when_allowed():
                       refine_top=1)
     # No measured compact rate: the derived ones may not buy a mode for speed.
     assert unmeasured.best.policy.state == "fp32" and "not chosen for speed" in unmeasured.state_choice.reason
-    # The shipped profile's measured rates (2026-12-04): every compact mode updates slower than fp32 there.
+    # Compact rates measured slower than fp32 (kernel v4 on the H200 host, 2026-12-04): the rule keeps fp32.
+    slower = {s.name: {t: 0.7 * r for t, r in H200.host.adam_gparams_per_s.items()}
+              for s in STATE_CHOICES if not s.is_exact}
+    v4 = replace(H200, host=replace(H200.host, state_update_gparams_per_s=slower))
+    kept = tune(model, v4, 4096, 1, budget, replace(SMALL_SPACE, states=state_options("auto")), refine_top=1)
+    assert kept.best.policy.state == "fp32"
+    assert all(t > kept.state_choice.step_s["fp32"] for s, t in kept.state_choice.step_s.items() if s != "fp32")
+    # The shipped profile (kernel v5, 2026-12-06: the compact modes 2.3-3.1x fp32's rate at 16 threads) takes a
+    # compact mode at this CPU-bound batch, as the H100 run showed (bf16+int8 0.897 s against fp32's 1.135 s).
     shipped = tune(model, H200, 4096, 1, budget, replace(SMALL_SPACE, states=state_options("auto")), refine_top=1)
-    assert shipped.best.policy.state == "fp32"
-    assert all(t > shipped.state_choice.step_s["fp32"] for s, t in shipped.state_choice.step_s.items() if s != "fp32")
+    picked = shipped.state_choice
+    assert shipped.best.policy.state == picked.state != "fp32"
+    assert picked.step_s[picked.state] < picked.step_s["fp32"] / (1 + COMPACT_MARGIN)
     # With every compact rate measured (here: equal to the bytes-derived rates), the rule may take one.
     curves = {s.name: {t: r * 28 / s.update_dram_bytes_per_param(2) for t, r in H200.host.adam_gparams_per_s.items()}
               for s in STATE_CHOICES if not s.is_exact}
