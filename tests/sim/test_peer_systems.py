@@ -226,13 +226,20 @@ def test_megatrain_never_fetches_its_gpu_resident_root_and_updates_after_backwar
 
 
 def test_layer_streaming_peers_without_their_measured_rates_refuse_and_run_on_one_gpu_only():
-    """SlideFormer's own Adam and MegaTrain's bf16 DeepSpeedCPUAdam and clip are not in the shipped profile: both
-    refuse in one line rather than borrow the fp32 rates of the other peers; with them, both run."""
-    for name, key in (("slideformer", SLIDEFORMER_CPU_ADAM), ("megatrain", DEEPSPEED_CPU_ADAM_BF16)):
+    """A profile without SlideFormer's own Adam (the shipped one has none) or MegaTrain's bf16 DeepSpeedCPUAdam and
+    clip (h200-x1 has them since 2026-12-06) refuses in one line rather than borrow the fp32 rates of the other
+    peers; with them, both run."""
+    shipped = load_hardware("h200-x1")
+    host = shipped.host
+    untimed = dataclasses.replace(shipped, host=dataclasses.replace(host, peer_adam_gparams_per_s={
+        k: v for k, v in host.peer_adam_gparams_per_s.items() if k != DEEPSPEED_CPU_ADAM_BF16}))
+    cases = (("slideformer", SLIDEFORMER_CPU_ADAM, shipped), ("megatrain", DEEPSPEED_CPU_ADAM_BF16, untimed))
+    for name, key, hw in cases:
         with pytest.raises(SlideDPError, match=key) as err:
-            peer_step(name, load_model_spec("qwen3-4b"), load_hardware("h200-x1"), 4096, 1)
+            peer_step(name, load_model_spec("qwen3-4b"), hw, 4096, 1)
         assert "\n" not in str(err.value)
         assert peer_step(name, tiny_model(), machine(1), 256, 1)
+    assert peer_step("megatrain", load_model_spec("qwen3-4b"), shipped, 4096, 1)
     for name in ("slideformer", "megatrain"):
         with pytest.raises(SlideDPError, match="one GPU"):
             peer_step(name, tiny_model(), machine(2), 256, 2)
