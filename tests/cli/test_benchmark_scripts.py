@@ -216,3 +216,17 @@ def test_compact_state_tunes_under_the_gpu_budget_it_is_given(tmp_path, tiny_con
     assert (tmp_path / "tuned-b2-fp32-g8.yaml").exists() and roomy.exists()
     _policy(str(tiny_config), 16, 2, "fp32", tmp_path, True, "h200-x1", gpu_budget=1e-6)
     assert not (tmp_path / "tuned-b2-fp32-g1e-06.yaml").exists()  # nothing fits: the default policy, said so
+
+
+def test_kernel_ab_times_two_builds_of_the_exact_update():
+    """benchmarks/kernel_ab.py against the current build itself (the only one CI has): both columns and a ratio."""
+    from slidedp.runtime.cpu_adam import build_directory, fused_kernel
+
+    if fused_kernel() is None:
+        pytest.skip("no C++ toolchain")
+    build = next(build_directory().glob("*.so"))
+    out = bench("kernel_ab", build, "--params", "50000", "--threads", "1", "--repeats", "2").stdout
+    row = out.splitlines()[-1].split()
+    assert row[0] == "50,000" and float(row[2]) > 0 and float(row[3]) > 0 and float(row[4]) > 0
+    assert subprocess.run([sys.executable, "-m", "benchmarks.kernel_ab", "/nonexistent.so"], capture_output=True,
+                          cwd=REPO).returncode == 2
