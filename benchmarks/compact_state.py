@@ -90,25 +90,34 @@ def part_rates(args: argparse.Namespace) -> None:
     from slidedp.calibration.host_bench import _adam_update, compact_state_update
     from slidedp.calibration.measurements import median_time
     from slidedp.runtime.cpu_adam import fused_kernel
+    from slidedp.runtime.host_state import host_buffer
 
     n = args.params
     saved = torch.get_num_threads()
     try:
         for state in args.states:
             precision = StatePrecision.parse(state)
+            # The state's pages are first touched as the runtime touches them (all threads), or by one thread
+            # (--first-touch serial: where the rates of 2026-12-06 and before put them), to tell the two apart.
+            torch.set_num_threads(1 if args.first_touch == "serial" else saved)
             if precision.is_exact:
-                p, mom, var = torch.randn(n), torch.zeros(n), torch.zeros(n)
-                update = _adam_update(fused_kernel(), p, mom, var, torch.randn(n).bfloat16())
+                p, mom, var = (host_buffer(n, torch.float32) for _ in range(3))
+                slot = host_buffer(n, torch.bfloat16)
+                p.copy_(torch.randn(n))
+                slot.copy_(torch.randn(n))
+                update = _adam_update(fused_kernel(), p, mom, var, slot)
             else:
                 update = compact_state_update(precision, n)
             for threads in args.threads:
                 torch.set_num_threads(threads)
                 seconds = median_time(update, args.repeats)
                 row = {"part": "rates", "state": precision.name, "threads": threads, "params": n,
+                       "first_touch": args.first_touch,
                        "gparams_per_s": n / seconds / 1e9, "ns_per_param": seconds / n * 1e9,
                        "dram_bytes_per_param": precision.update_dram_bytes_per_param(2)}
                 append_jsonl(args.out / "results.jsonl", row)
-                log(f"rates {precision.name} {threads} thread(s): {row['gparams_per_s']:.3f} G params/s")
+                touch = " (pages touched by one thread)" if args.first_touch == "serial" else ""
+                log(f"rates {precision.name} {threads} thread(s): {row['gparams_per_s']:.3f} G params/s{touch}")
             del update
     finally:
         torch.set_num_threads(saved)
@@ -245,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--adam-threads", type=int, nargs="+", help="steps: optimizer threads per run (default: the "
                     "tuner's)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--first-touch", choices=("parallel", "serial"), default="parallel",
+                    help="rates: the state's pages touched by every thread, as the runtime does, or by one")
     ap.add_argument("--text", default="auto", help="finetune: a text file, or auto (Python stdlib sources)")
     ap.add_argument("--text-mb", type=float, default=32.0)
     ap.add_argument("--lr", type=float, default=3e-4)

@@ -69,9 +69,16 @@ def _share_numel(share: list[tuple[int, int, int]] | None, numel: int) -> int:
     return numel if share is None else sum(hi - lo for lo, hi, _ in share)
 
 
-def _alloc(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+def host_buffer(numel: int, dtype: torch.dtype, pin: bool = False) -> torch.Tensor:
+    """A zeroed host buffer whose pages are touched now, by torch's intra-op threads in equal contiguous parts,
+    not during the first copy. The parts are how the update's OpenMP threads split the state, so on a host with
+    several memory nodes each thread's pages lie on its own node; a buffer filled by one thread (torch.randn)
+    lies on one node, and a pass over it can be slower. Benchmarks that price the runtime's passes allocate here
+    for that reason (on the lent H100's host, 2026-12-06, the exact update timed 4.3 G params/s over torch.randn
+    buffers and ran at 5.2 inside training steps over these; how much of that is placement is to be measured:
+    benchmarks.compact_state rates --first-touch)."""
     t = torch.empty(numel, dtype=dtype)
-    t.zero_()  # touch every page now (in parallel), not during the first copy
+    t.zero_()
     if pin:
         _register(t)
     return t
@@ -139,22 +146,24 @@ class HostState:
         ``share``: the parts whose master and moments this host keeps (sharded host layout)."""
         cls._check(precision, slot_dtype, share)
         if share is not None:
-            grads = None if grad_dtype == slot_dtype else _alloc(numel, grad_dtype, pin)
+            grads = None if grad_dtype == slot_dtype else host_buffer(numel, grad_dtype, pin)
             state_numel = _share_numel(share, numel)
-            return cls(_alloc(state_numel, torch.float32, pin), _alloc(state_numel, torch.float32, pin),
-                       _alloc(state_numel, torch.float32, pin), _alloc(numel, slot_dtype, pin), grads, pin,
-                       share=share)
+            return cls(host_buffer(state_numel, torch.float32, pin), host_buffer(state_numel, torch.float32, pin),
+                       host_buffer(state_numel, torch.float32, pin), host_buffer(numel, slot_dtype, pin), grads,
+                       pin, share=share)
         unit_numels = list(unit_numels) if unit_numels is not None else [numel]
         md, qm, qv = cls._dtypes(precision)
-        master = _alloc(numel, md, pin)
-        slot = master if precision.master_streams else _alloc(numel, slot_dtype, pin)
-        grads = None if grad_dtype == slot_dtype and not precision.master_streams else _alloc(numel, grad_dtype, pin)
-        state = cls(master, _alloc(numel, qm, pin), _alloc(numel, qv, pin), slot, grads, pin, precision=precision)
+        master = host_buffer(numel, md, pin)
+        slot = master if precision.master_streams else host_buffer(numel, slot_dtype, pin)
+        grads = None if grad_dtype == slot_dtype and not precision.master_streams else \
+            host_buffer(numel, grad_dtype, pin)
+        state = cls(master, host_buffer(numel, qm, pin), host_buffer(numel, qv, pin), slot, grads, pin,
+                    precision=precision)
         state._place_blocks(unit_numels)
         if precision.moments == "int8":
             blocks = state.block_starts[-1]
-            state.exp_avg_scale, state.exp_avg_sq_scale = _alloc(blocks, torch.float32, pin), \
-                _alloc(blocks, torch.float32, pin)
+            state.exp_avg_scale, state.exp_avg_sq_scale = host_buffer(blocks, torch.float32, pin), \
+                host_buffer(blocks, torch.float32, pin)
         return state
 
     @classmethod

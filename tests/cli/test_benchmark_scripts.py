@@ -130,6 +130,10 @@ def test_compact_state_driver_runs_every_part_on_the_cpu(tmp_path, tiny_config):
     out = tmp_path / "compact"
     bench("compact_state", "rates", "--params", "300000", "--threads", "1", "--repeats", "1", "--states", "fp32",
           "bf16+int8", "--out", out)
+    bench("compact_state", "rates", "--params", "300000", "--threads", "1", "--repeats", "1", "--states", "fp32",
+          "--first-touch", "serial", "--out", tmp_path / "serial")
+    serial = [json.loads(line) for line in (tmp_path / "serial" / "results.jsonl").read_text().splitlines()]
+    assert [(r["state"], r["first_touch"]) for r in serial] == [("fp32", "serial")] and serial[0]["gparams_per_s"] > 0
     bench("compact_state", "steps", "--model", tiny_config, "--seq", "16", "--batches", "2", "--steps", "2",
           "--states", "bf16+int8", "--adam-threads", "1", "--device", "cpu", "--no-tune", "--out", out)
     text = tmp_path / "text.txt"
