@@ -97,26 +97,31 @@ def part_rates(args: argparse.Namespace) -> None:
     try:
         for state in args.states:
             precision = StatePrecision.parse(state)
-            # The state's pages are first touched as the runtime touches them (all threads), or by one thread
-            # (--first-touch serial: where the rates of 2026-12-06 and before put them), to tell the two apart.
-            torch.set_num_threads(1 if args.first_touch == "serial" else saved)
+            # Pages first touched as the runtime touches them (all threads), or (--first-touch serial, exact mode)
+            # the master's by one thread, as the exact rates of 2026-12-06 and before had it (torch.randn; their
+            # moments and slot were zeroed and cast by all threads; the compact modes' always were).
+            torch.set_num_threads(saved)
             if precision.is_exact:
-                p, mom, var = (host_buffer(n, torch.float32) for _ in range(3))
-                slot = host_buffer(n, torch.bfloat16)
+                mom, var, slot = host_buffer(n, torch.float32), host_buffer(n, torch.float32), \
+                    host_buffer(n, torch.bfloat16)
+                torch.set_num_threads(1 if args.first_touch == "serial" else saved)
+                p = host_buffer(n, torch.float32)
+                torch.set_num_threads(saved)
                 p.copy_(torch.randn(n))
                 slot.copy_(torch.randn(n))
                 update = _adam_update(fused_kernel(), p, mom, var, slot)
             else:
                 update = compact_state_update(precision, n)
+            serial_exact = precision.is_exact and args.first_touch == "serial"
             for threads in args.threads:
                 torch.set_num_threads(threads)
                 seconds = median_time(update, args.repeats)
                 row = {"part": "rates", "state": precision.name, "threads": threads, "params": n,
-                       "first_touch": args.first_touch,
+                       "first_touch": "serial" if serial_exact else "parallel",
                        "gparams_per_s": n / seconds / 1e9, "ns_per_param": seconds / n * 1e9,
                        "dram_bytes_per_param": precision.update_dram_bytes_per_param(2)}
                 append_jsonl(args.out / "results.jsonl", row)
-                touch = " (pages touched by one thread)" if args.first_touch == "serial" else ""
+                touch = " (master's pages touched by one thread)" if serial_exact else ""
                 log(f"rates {precision.name} {threads} thread(s): {row['gparams_per_s']:.3f} G params/s{touch}")
             del update
     finally:
@@ -255,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                     "tuner's)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--first-touch", choices=("parallel", "serial"), default="parallel",
-                    help="rates: the state's pages touched by every thread, as the runtime does, or by one")
+                    help="rates, exact mode: the master's pages touched by every thread, as the runtime does, "
+                         "or by one (the exact rates of 2026-12-06 and before)")
     ap.add_argument("--text", default="auto", help="finetune: a text file, or auto (Python stdlib sources)")
     ap.add_argument("--text-mb", type=float, default=32.0)
     ap.add_argument("--lr", type=float, default=3e-4)

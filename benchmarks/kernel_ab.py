@@ -31,12 +31,19 @@ def time_ab(old, new, n: int, threads: int, repeats: int) -> dict[str, float]:
     """G params/s of each build's adamw_bf16 on one set of fp32 state and a bf16 slot of ``n`` elements."""
     import torch
 
+    from slidedp.runtime.host_state import host_buffer
+
     torch.set_num_threads(threads)
-    p, m, v = torch.randn(n), torch.randn(n) * 1e-3, torch.rand(n) * 1e-6
-    slot = torch.randn(n).bfloat16()
+    p, m, v = (host_buffer(n, torch.float32) for _ in range(3))  # pages placed as the runtime's
+    slot = host_buffer(n, torch.bfloat16)
+    p.copy_(torch.randn(n))
+    m.copy_(torch.randn(n) * 1e-3)
+    v.copy_(torch.rand(n) * 1e-6)
+    slot.copy_(torch.randn(n))
     seconds: dict[str, list[float]] = {"old": [], "new": []}
+    builds = [("old", old), ("new", new)]
     for step in range(1, repeats + 2):  # the first round warms both up and is not counted
-        for name, kernel in (("old", old), ("new", new)):
+        for name, kernel in builds if step % 2 else builds[::-1]:  # each goes first every other round
             t0 = time.perf_counter()
             kernel.adamw_bf16(p, m, v, slot, 1e-5, 0.9, 0.95, 1e-8, 0.0, float(step), 1.0)
             if step > 1:

@@ -11,8 +11,8 @@ when it runs alone (the script's folder first on ``sys.path``).
 
 With ``PEER_PROBE_SDPA_PADDING_MASK=1`` in the environment, transformers' "sdpa" attention also takes the 2-D
 ``[batch, keys]`` padding mask that flash-attn 2's path takes: a peer written for flash-attn (MegaTrain hands
-that mask to each decoder layer) then runs on a machine without flash-attn, attending exactly as flash-attn
-would (causal, padded keys masked), without a change to the peer's code.
+that mask to each decoder layer) then runs on a machine without flash-attn, its real tokens attending as with
+flash-attn (padded keys masked, causal where the layer is), without a change to the peer's code.
 """
 
 from __future__ import annotations
@@ -54,25 +54,33 @@ def report() -> None:
 def sdpa_taking_padding_masks(sdpa: Callable) -> Callable:
     """Wrap transformers' SDPA attention so that a 2-D 0/1 padding mask means what flash-attn 2 makes of it.
 
-    An all-ones mask becomes no mask (SDPA's causal kernel, as flash-attn runs unpadded rows); one with padding
-    becomes the 4-D boolean causal-and-key mask. The translation of the last mask seen is kept, so the same
-    mask, handed to every layer of a step, is inspected (one device sync) once a step, not once a layer."""
+    An all-ones mask becomes no mask (SDPA's own causal or full attention, as flash-attn runs unpadded rows); one
+    with padding becomes a 4-D boolean mask: the padded keys masked, the causal triangle where the layer is causal
+    (bottom-right aligned, as flash-attn's), and the rows of padded queries left unmasked so that no row is
+    all-masked (SDPA's kernels can give NaN there; flash-attn gives those rows zeros; the loss reads neither). The
+    translation of the last mask is kept, keyed by the tensor, its version (an in-place change) and the shapes,
+    so the mask handed to every layer of a step is inspected (one device sync) once a step, not once a layer."""
     import torch
 
-    last: list = [None, None]  # [mask, its translation]
+    last: dict = {"key": None, "mask": None}  # the last mask's key and its translation
 
     def attend(module, query, key, value, attention_mask, *args, **kwargs):
         if attention_mask is not None and attention_mask.dim() == 2:
-            if attention_mask is not last[0]:
-                keep = attention_mask.bool()
+            causal = kwargs.get("is_causal")
+            causal = getattr(module, "is_causal", True) if causal is None else causal
+            q, k = query.shape[-2], key.shape[-2]
+            shape = (attention_mask._version, q, k, query.device, causal)
+            if last["key"] is None or last["key"][0] is not attention_mask or last["key"][1] != shape:
+                keep = attention_mask.to(query.device).bool()
                 if bool(keep.all()):
                     translated = None
                 else:
-                    q, k = query.shape[-2], key.shape[-2]
-                    causal = torch.ones(q, k, dtype=torch.bool, device=query.device).tril(k - q)
-                    translated = causal[None, None] & keep[:, None, None, :].to(query.device)
-                last[:] = [attention_mask, translated]
-            attention_mask = last[1]
+                    translated = keep[:, None, None, :].expand(-1, 1, q, -1)
+                    if causal:
+                        translated = translated & torch.ones(q, k, dtype=torch.bool, device=query.device).tril(k - q)
+                    translated = translated | ~keep[:, None, k - q:, None]  # padded query rows attend to all
+                last.update(key=(attention_mask, shape), mask=translated)
+            attention_mask = last["mask"]
         return sdpa(module, query, key, value, attention_mask, *args, **kwargs)
 
     return attend

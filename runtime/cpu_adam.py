@@ -615,7 +615,7 @@ static void adamw_bf16_loop(torch::Tensor param, torch::Tensor exp_avg, torch::T
 // The exact update (fp32 master and moments, the bf16 gradient slot rewritten with the new weights). Where the
 // CPU has AVX-512 it is adamw_compact's fp32/fp32 case: the same operations in the same order (so the same bits,
 // tests/runtime/test_runtime_equivalence.py), but one fused 16-lane loop per block with each stream prefetched
-// ahead: 1.28-1.32x the simple loop's rate at 1-2 threads on the development machine (16M and 64M parameters,
+// ahead: 1.29-1.33x the simple loop's rate at 1-2 threads on the development machine (16M and 64M parameters,
 // 2026-12-06); elsewhere the simple loop, which gcc vectorizes for AVX2.
 void adamw_bf16(torch::Tensor param, torch::Tensor exp_avg, torch::Tensor exp_avg_sq, torch::Tensor grad_slot,
                 double lr, double beta1, double beta2, double eps, double weight_decay, double step,

@@ -70,12 +70,12 @@ def _share_numel(share: list[tuple[int, int, int]] | None, numel: int) -> int:
 
 
 def host_buffer(numel: int, dtype: torch.dtype, pin: bool = False) -> torch.Tensor:
-    """A zeroed host buffer whose pages are touched now, by torch's intra-op threads in equal contiguous parts,
-    not during the first copy. The parts are how the update's OpenMP threads split the state, so on a host with
-    several memory nodes each thread's pages lie on its own node; a buffer filled by one thread (torch.randn)
-    lies on one node, and a pass over it can be slower. Benchmarks that price the runtime's passes allocate here
-    for that reason (on the lent H100's host, 2026-12-06, the exact update timed 4.3 G params/s over torch.randn
-    buffers and ran at 5.2 inside training steps over these; how much of that is placement is to be measured:
+    """A zeroed host buffer whose pages are touched now, by torch's intra-op threads in equal contiguous parts
+    (buffers under 32,768 elements by one), not during the first copy. On a host with several memory nodes the
+    pages are so spread over the threads' nodes; a buffer filled by one thread (torch.randn) lies on one node,
+    and a pass over it can be slower. Benchmarks that price the runtime's passes allocate here for that reason
+    (on the lent H100's host, 2026-12-06, the exact update timed 4.3 G params/s with its master from torch.randn
+    and ran at 5.2 inside training steps over these; how much of that is placement is to be measured:
     benchmarks.compact_state rates --first-touch)."""
     t = torch.empty(numel, dtype=dtype)
     t.zero_()

@@ -41,8 +41,22 @@ def test_padded_keys_are_masked_and_the_kept_rows_match_causal_attention_on_the_
     # transformers returns [batch, tokens, heads, dim]
     torch.testing.assert_close(got[:1], full, rtol=0, atol=1e-6)
     torch.testing.assert_close(got[1:, :4], short, rtol=0, atol=1e-6)
+    assert torch.isfinite(got).all()  # padded query rows attend to every key: no all-masked row
     again, _ = attend(module, q, k, v, mask)  # the same mask object: its kept translation
     torch.testing.assert_close(again, got, rtol=0, atol=0)
+    mask[1, 3:] = 0  # changed in place: translated again, not the kept one
+    shorter, _ = attend(module, q, k, v, mask)
+    want, _ = sdpa_attention_forward(module, q[1:, :, :3], k[1:, :, :3], v[1:, :, :3], None)
+    torch.testing.assert_close(shorter[1:, :3], want, rtol=0, atol=1e-6)
+
+
+def test_a_non_causal_layer_keeps_full_attention_over_the_unpadded_keys():
+    module = SimpleNamespace(is_causal=False)
+    q, k, v = _qkv()
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    got, _ = sdpa_taking_padding_masks(sdpa_attention_forward)(module, q, k, v, mask)
+    want, _ = sdpa_attention_forward(module, q[1:, :, :4], k[1:, :, :4], v[1:, :, :4], None)
+    torch.testing.assert_close(got[1:, :4], want, rtol=0, atol=1e-6)
 
 
 def test_megatrain_runs_with_the_translation_and_slideformer_without(tmp_path):

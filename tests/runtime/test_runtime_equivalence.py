@@ -150,13 +150,17 @@ def test_exact_update_is_bit_identical_to_its_operations_in_order():
     gen = torch.Generator().manual_seed(3)
     n = 3 * 256 * 7 + 129
     p = torch.randn(n, generator=gen)
-    p[:64] = torch.rand(64, generator=gen) * 1e-39  # denormals
     m, v = torch.randn(n, generator=gen) * 1e-3, torch.rand(n, generator=gen) * 1e-6
+    # Denormal parameters with zero moments and gradients stay denormal (p * decay): 4 whole vectors of 16 and
+    # one mixed, so the bf16 store's denormal path runs too.
+    p[:72] = torch.rand(72, generator=gen) * 1e-39
+    m[:72], v[:72] = 0.0, 0.0
     rp, rm, rv = (t.numpy().copy() for t in (p, m, v))
     lr, b1, b2, eps, wd, scale = 1e-3, 0.9, 0.95, 1e-8, 0.1, 0.5
     f32 = np.float32  # the kernel's constants: computed in double, stored as float
     for step in range(1, 4):
         slot = (torch.randn(n, generator=gen) * 1e-2).bfloat16()
+        slot[:72] = 0.0
         gi = slot.float().numpy() * f32(scale)
         kernel.adamw_bf16(p, m, v, slot, lr, b1, b2, eps, wd, float(step), scale)
         rm = rm + f32(1 - b1) * (gi - rm)
@@ -166,6 +170,7 @@ def test_exact_update_is_bit_identical_to_its_operations_in_order():
         for got, want in ((p, rp), (m, rm), (v, rv)):
             assert np.array_equal(got.numpy().view(np.int32), want.view(np.int32)), step
         assert torch.equal(slot.view(torch.int16), torch.from_numpy(rp).bfloat16().view(torch.int16))
+        assert (p[:72].abs() < 1.1754944e-38).all() and (p[:72] != 0).any()  # still denormal: the path ran
 
 
 def test_gpu_state_survives_checkpoints_and_reloads(tmp_path):
