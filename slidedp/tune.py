@@ -26,7 +26,7 @@ from slidedp.sim import SimResult, simulate
 from slidedp.state_choice import StateChoice, choose_state, measured_states
 from slidedp.trace import EXPOSURE_CATEGORIES
 from slidedp.units import Unit, build_units
-from slidedp.workload import StepWorkload
+from slidedp.workload import StepWorkload, unit_inputs
 
 Progress = Callable[[int, int], None]
 
@@ -187,8 +187,7 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
     def fits(policy: Policy) -> bool:
         """Add ``policy`` (and its GPU-state variant) to the feasible ones if it fits; track the smallest."""
         nonlocal smallest_gpu, smallest_host, smallest_policy
-        key = (policy.activation, policy.micro_batch, policy.accumulation, policy.loss_chunk_tokens,
-               policy.seq_tile_tokens)
+        key = unit_inputs(policy)
         if key not in units_cache:
             units_cache[key] = build_units(model, hw.gpu, *key[:3], seq, *key[3:], attention_span=attention_span)
         w = StepWorkload(model, hw, policy, seq, global_batch, units=units_cache[key], hosts=hosts,

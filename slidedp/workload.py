@@ -35,6 +35,13 @@ def threads_for_this_machine(planned: int, cores: int, ranks_per_host: int) -> i
     return max(1, min(planned, cores // max(1, ranks_per_host)))
 
 
+def unit_inputs(policy: Policy) -> tuple:
+    """The policy fields build_units depends on, in its argument order around seq (activation, micro_batch,
+    accumulation | loss_chunk_tokens, seq_tile_tokens): a cache key for units."""
+    return (policy.activation, policy.micro_batch, policy.accumulation, policy.loss_chunk_tokens,
+            policy.seq_tile_tokens)
+
+
 class StepWorkload:
     """Model x hardware x policy x (seq, global batch): every quantity one step moves or computes.
 
@@ -76,6 +83,13 @@ class StepWorkload:
         self.tokens_per_micro_batch = seq * policy.micro_batch
         if units is not None:  # precomputed by build_units for the same model, GPU, activation, batching and tile
             self.__dict__["units"] = units
+
+    def with_policy(self, policy: Policy) -> StepWorkload:
+        """The same step under ``policy``: every other input kept (hosts and attention span included), and the
+        units reused where the policy's unit inputs (activation, batching, loss chunk, tile) are unchanged."""
+        same = unit_inputs(policy) == unit_inputs(self.policy)
+        return StepWorkload(self.model, self.hw, policy, self.seq, self.global_batch,
+                            units=self.units if same else None, hosts=self.hosts, attention_span=self.attention_span)
 
     # ---- units ----------------------------------------------------------------------------------------------
     @cached_property

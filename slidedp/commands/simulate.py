@@ -85,8 +85,7 @@ def _simulate_state(w: StepWorkload, state: str | None, budget: Budget
     every mode is simulated where it fits and slidedp.state_choice picks one. Refuses a step that does not fit."""
     if state != AUTO:
         if state is not None:
-            w = StepWorkload(w.model, w.hw, w.policy.with_(state=state), w.seq, w.global_batch, units=w.units,
-                             attention_span=w.attention_span)
+            w = w.with_policy(w.policy.with_(state=state))
         est, problems = _estimate_and_shortfalls(w, budget)
         if problems:
             hint = ("; compact host state needs less (--state auto, or e.g. --state bf16+int8)"
@@ -96,8 +95,7 @@ def _simulate_state(w: StepWorkload, state: str | None, budget: Budget
     runs: dict[str, tuple[StepWorkload, StepEstimate, SimResult]] = {}
     misfits: dict[str, list[str]] = {}
     for mode in state_options(AUTO):
-        wm = StepWorkload(w.model, w.hw, w.policy.with_(state=mode), w.seq, w.global_batch, units=w.units,
-                          attention_span=w.attention_span)
+        wm = w.with_policy(w.policy.with_(state=mode))
         est, problems = _estimate_and_shortfalls(wm, budget)
         if problems:
             misfits[mode] = problems

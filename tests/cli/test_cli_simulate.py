@@ -175,3 +175,18 @@ def test_tune_and_sweep_take_the_state(capsys, tmp_path, monkeypatch, unmeasured
     rows = pd.read_csv(table)
     assert list(rows.state[:2]) == ["fp32", "bf16+int8"] and rows.state_reason.iloc[2].startswith("auto:")
     assert rows.host_state_bytes_per_param[0] == 14 and "DERIVED" in text
+
+
+def test_a_state_mode_keeps_the_hosts_and_the_attention_span(capsys):
+    """`--state` (and auto) re-prices the same step under another state: over 2 hosts the workload kept its hosts
+    (it was rebuilt without them and refused the batch: "batch 16 != GPUs 8 x ..."), and packed rows their span."""
+    two_hosts = ["simulate", "--model", "qwen3-0.6b", "--hardware", "h100-sxm-x8-ib", "--hosts", "2", "--batch", "16",
+                 "--json"]
+    for state in ("bf16+int8", "auto"):
+        code, out, err = run(capsys, *two_hosts, "--state", state)
+        assert code == 0, err
+        assert json.loads(out)["gpus"] == 8
+    code, out, err = run(capsys, *ARGS, "--attention-span", "512", "--state", "bf16+int8", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["attention_span"] == 512 and got["policy"]["state"] == "bf16+int8"
