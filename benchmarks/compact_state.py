@@ -90,7 +90,7 @@ def part_rates(args: argparse.Namespace) -> None:
     from slidedp.calibration.host_bench import _adam_update, compact_state_update
     from slidedp.calibration.measurements import median_time
     from slidedp.runtime.cpu_adam import fused_kernel
-    from slidedp.runtime.host_state import host_buffer
+    from slidedp.runtime.host_state import host_buffer, placed_copy
 
     n = args.params
     saved = torch.get_num_threads()
@@ -102,14 +102,11 @@ def part_rates(args: argparse.Namespace) -> None:
             # moments and slot were zeroed and cast by all threads; the compact modes' always were).
             torch.set_num_threads(saved)
             if precision.is_exact:
-                mom, var, slot = host_buffer(n, torch.float32), host_buffer(n, torch.float32), \
-                    host_buffer(n, torch.bfloat16)
                 torch.set_num_threads(1 if args.first_touch == "serial" else saved)
-                p = host_buffer(n, torch.float32)
+                p = placed_copy(torch.randn(n))
                 torch.set_num_threads(saved)
-                p.copy_(torch.randn(n))
-                slot.copy_(torch.randn(n))
-                update = _adam_update(fused_kernel(), p, mom, var, slot)
+                mom, var = host_buffer(n, torch.float32), host_buffer(n, torch.float32)
+                update = _adam_update(fused_kernel(), p, mom, var, placed_copy(torch.randn(n).bfloat16()))
             else:
                 update = compact_state_update(precision, n)
             serial_exact = precision.is_exact and args.first_touch == "serial"

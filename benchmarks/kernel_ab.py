@@ -31,15 +31,11 @@ def time_ab(old, new, n: int, threads: int, repeats: int) -> dict[str, float]:
     """G params/s of each build's adamw_bf16 on one set of fp32 state and a bf16 slot of ``n`` elements."""
     import torch
 
-    from slidedp.runtime.host_state import host_buffer
+    from slidedp.runtime.host_state import placed_copy
 
     torch.set_num_threads(threads)
-    p, m, v = (host_buffer(n, torch.float32) for _ in range(3))  # pages placed as the runtime's
-    slot = host_buffer(n, torch.bfloat16)
-    p.copy_(torch.randn(n))
-    m.copy_(torch.randn(n) * 1e-3)
-    v.copy_(torch.rand(n) * 1e-6)
-    slot.copy_(torch.randn(n))
+    p, m, v = placed_copy(torch.randn(n)), placed_copy(torch.randn(n) * 1e-3), placed_copy(torch.rand(n) * 1e-6)
+    slot = placed_copy(torch.randn(n).bfloat16())
     seconds: dict[str, list[float]] = {"old": [], "new": []}
     builds = [("old", old), ("new", new)]
     for step in range(1, repeats + 2):  # the first round warms both up and is not counted

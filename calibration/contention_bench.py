@@ -31,14 +31,12 @@ class ContentionRig:
 
     def __post_init__(self) -> None:
         from slidedp.runtime.cpu_adam import fused_kernel
-        from slidedp.runtime.host_state import host_buffer
+        from slidedp.runtime.host_state import host_buffer, placed_copy
 
         self.kernel = fused_kernel()
         n = self.params
-        self.p, self.m, self.v = (host_buffer(n, torch.float32) for _ in range(3))  # placed as the runtime's
-        self.slot = host_buffer(n, torch.bfloat16)
-        self.p.copy_(torch.randn(n))
-        self.slot.copy_(torch.randn(n))
+        self.p, self.slot = placed_copy(torch.randn(n)), placed_copy(torch.randn(n).bfloat16())
+        self.m, self.v = host_buffer(n, torch.float32), host_buffer(n, torch.float32)
         self.step = 0
         piece = PIECE_BYTES
         self.host_src = torch.empty(piece, dtype=torch.uint8, pin_memory=True)

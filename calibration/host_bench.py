@@ -48,16 +48,14 @@ def _adam_update(kernel, p: torch.Tensor, mom: torch.Tensor, var: torch.Tensor, 
 
 def host_benchmarks(quick: bool, progress: Progress | None = None) -> Measurements:
     from slidedp.runtime.cpu_adam import fused_kernel
-    from slidedp.runtime.host_state import host_buffer
+    from slidedp.runtime.host_state import host_buffer, placed_copy
 
     n = 4_000_000 if quick else 64_000_000
     m = Measurements(cache_resident=quick)
     repeats = 2 if quick else 5
-    src, dst, p, mom, var = (host_buffer(n, torch.float32) for _ in range(5))  # pages placed as the runtime's
-    slot, bf16 = host_buffer(n, torch.bfloat16), host_buffer(n, torch.bfloat16)
-    src.copy_(torch.randn(n))
-    p.copy_(torch.randn(n))
-    slot.copy_(torch.randn(n))
+    src, p, slot = placed_copy(torch.randn(n)), placed_copy(torch.randn(n)), placed_copy(torch.randn(n).bfloat16())
+    dst, mom, var = (host_buffer(n, torch.float32) for _ in range(3))
+    bf16 = host_buffer(n, torch.bfloat16)
     kernel = fused_kernel()
     update = _adam_update(kernel, p, mom, var, slot)
     saved = torch.get_num_threads()
@@ -84,16 +82,13 @@ def adam_chunk_benchmarks(quick: bool) -> dict:
     when it does not compile) and fp32 gradients (torch's fused AdamW + a cast): t = overhead + n / rate.
     The overhead says how small the runtime's chunks may get before thread start-up dominates."""
     from slidedp.runtime.cpu_adam import fused_kernel
-    from slidedp.runtime.host_state import host_buffer
+    from slidedp.runtime.host_state import host_buffer, placed_copy
 
     sizes = [2**14, 2**16, 2**18, 2**20] if quick else [2**16, 2**18, 2**20, 2**22, 2**24]
     n = max(sizes)
     kernel = fused_kernel()
-    p, mom, var = (host_buffer(n, torch.float32) for _ in range(3))
-    p.copy_(torch.randn(n))
-    grads = {"bf16": host_buffer(n, torch.bfloat16), "fp32": host_buffer(n, torch.float32)}
-    for grad in grads.values():
-        grad.copy_(torch.randn(n))
+    p, mom, var = placed_copy(torch.randn(n)), host_buffer(n, torch.float32), host_buffer(n, torch.float32)
+    grads = {"bf16": placed_copy(torch.randn(n).bfloat16()), "fp32": placed_copy(torch.randn(n))}
     out: dict = {}
     for dtype, grad in grads.items():
         times = {}

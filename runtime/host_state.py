@@ -84,6 +84,14 @@ def host_buffer(numel: int, dtype: torch.dtype, pin: bool = False) -> torch.Tens
     return t
 
 
+def placed_copy(values: torch.Tensor) -> torch.Tensor:
+    """``values`` (flattened) in a :func:`host_buffer`: a benchmark's data on pages placed as the runtime's, not
+    where the one thread that made them (torch.randn) put them."""
+    t = host_buffer(values.numel(), values.dtype)
+    t.copy_(values.reshape(-1))
+    return t
+
+
 @dataclass
 class HostState:
     """Master weights, Adam moments and the stream slot of every parameter, flat over the whole model.
