@@ -78,6 +78,22 @@ struct Compact {
     uint32_t key_p, key_m, key_v;
 };
 
+// The state's pointers of a Compact as restrict-qualified locals in every storage view (only the template's own
+// kinds are used): through the struct, a store to the state could alias its fields and the compiler would neither
+// hoist nor vectorize. The gradient may be the weights' slot too (W_GRAD), so it alone is not restrict.
+#define SLIDEDP_STATE_POINTERS(a)                                              \
+    float* __restrict__ p32 = static_cast<float*>((a).master);                 \
+    uint16_t* __restrict__ p16 = static_cast<uint16_t*>((a).master);           \
+    float* __restrict__ m32 = static_cast<float*>((a).m);                      \
+    float* __restrict__ v32 = static_cast<float*>((a).v);                      \
+    uint16_t* __restrict__ m16 = static_cast<uint16_t*>((a).m);                \
+    uint16_t* __restrict__ v16 = static_cast<uint16_t*>((a).v);                \
+    int8_t* __restrict__ m8 = static_cast<int8_t*>((a).m);                     \
+    uint8_t* __restrict__ v8 = static_cast<uint8_t*>((a).v);                   \
+    float* g32 = static_cast<float*>((a).grad);                                \
+    uint16_t* g16 = static_cast<uint16_t*>((a).grad);                          \
+    uint16_t* __restrict__ w16 = (a).weights
+
 #if defined(__AVX2__)
 // The 8-bit codes of a block, 32 elements at a time, the same operations as the loop in compact_block (which
 // does the tail): gcc vectorizes that loop, but narrows float -> int8 with a mask, a pack and a lane fix-up per
@@ -212,17 +228,7 @@ static inline void compact_block_avx512(const Compact& a, int64_t blk, Q8Pending
     static_assert(B % 16 == 0, "block of whole vectors");
     const float omb1 = a.omb1, b2 = a.b2, omb2 = a.omb2, decay = a.decay, step_size = a.step_size;
     const float inv_sqrt_bc2 = a.inv_sqrt_bc2, eps = a.eps, scale = a.scale;
-    float* __restrict__ p32 = static_cast<float*>(a.master);
-    uint16_t* __restrict__ p16 = static_cast<uint16_t*>(a.master);
-    float* __restrict__ m32 = static_cast<float*>(a.m);
-    float* __restrict__ v32 = static_cast<float*>(a.v);
-    uint16_t* __restrict__ m16 = static_cast<uint16_t*>(a.m);
-    uint16_t* __restrict__ v16 = static_cast<uint16_t*>(a.v);
-    int8_t* __restrict__ m8 = static_cast<int8_t*>(a.m);
-    uint8_t* __restrict__ v8 = static_cast<uint8_t*>(a.v);
-    float* g32 = static_cast<float*>(a.grad);
-    uint16_t* g16 = static_cast<uint16_t*>(a.grad);
-    uint16_t* __restrict__ w16 = a.weights;
+    SLIDEDP_STATE_POINTERS(a);
     const int64_t s = blk * B;
     const int64_t base = a.index0 + s;
     const uint32_t lo = static_cast<uint32_t>(base), hi = static_cast<uint32_t>(base >> 32);
@@ -324,26 +330,15 @@ static inline void compact_block_avx512(const Compact& a, int64_t blk, Q8Pending
 // The same bits either way.
 template <int MK, int QK, int GK, int WK, bool FLAT>
 static inline void compact_block(const Compact& a, int64_t blk) {
-    // Everything the loops read is a local: through the struct, a store to the state could alias its fields
-    // and the compiler would neither hoist nor vectorize.
+    // Everything the loops read is a local (SLIDEDP_STATE_POINTERS says why).
     constexpr int64_t B = SLIDEDP_BLOCK;
     const int64_t n = a.n, index0 = a.index0;
     const float omb1 = a.omb1, b2 = a.b2, omb2 = a.omb2, decay = a.decay, step_size = a.step_size;
     const float inv_sqrt_bc2 = a.inv_sqrt_bc2, eps = a.eps, scale = a.scale;
     const uint32_t key_p = a.key_p, key_m = a.key_m, key_v = a.key_v;
-    float* __restrict__ p32 = static_cast<float*>(a.master);
-    uint16_t* __restrict__ p16 = static_cast<uint16_t*>(a.master);
-    float* __restrict__ m32 = static_cast<float*>(a.m);
-    float* __restrict__ v32 = static_cast<float*>(a.v);
-    uint16_t* __restrict__ m16 = static_cast<uint16_t*>(a.m);
-    uint16_t* __restrict__ v16 = static_cast<uint16_t*>(a.v);
-    int8_t* __restrict__ m8 = static_cast<int8_t*>(a.m);
-    uint8_t* __restrict__ v8 = static_cast<uint8_t*>(a.v);
+    SLIDEDP_STATE_POINTERS(a);
     float* __restrict__ ms = a.m_scale;
     float* __restrict__ vs = a.v_scale;
-    float* g32 = static_cast<float*>(a.grad);      // may be the weights' slot too (W_GRAD): no restrict
-    uint16_t* g16 = static_cast<uint16_t*>(a.grad);
-    uint16_t* __restrict__ w16 = a.weights;
     const int64_t s = blk * B;
     const int64_t len = std::min(B, n - s);
     const int64_t base = index0 + s;
