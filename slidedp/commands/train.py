@@ -235,14 +235,14 @@ def run_outcome(summary, spec) -> str:
     if summary.predicted_step_time_s:
         error = summary.predicted_step_time_s / summary.step_time_s - 1
         tuned = f" (the tuner said {summary.tuner_step_time_s:.3f} s)" if summary.tuner_step_time_s else ""
-        shared = spec.ranks_per_gpu
-        if str(summary.device).startswith("cuda") and shared > 1:
+        on_gpu, shared = str(summary.device).startswith("cuda"), spec.ranks_per_gpu
+        if on_gpu and shared > 1:
             # The profile prices one GPU per rank; K ranks time-sharing one GPU run its compute K times over and
             # their collectives over gloo, which no profile describes, so an error figure would mislead.
             lines.append(f"predicted {summary.predicted_step_time_s:.3f} s/step for {spec.hardware.name}{tuned} "
                          f"(one GPU per rank); here {shared} ranks share each GPU, so this run's "
                          f"{summary.step_time_s:.3f} s/step is not comparable")
-        elif str(summary.device).startswith("cuda"):
+        elif on_gpu:
             lines.append(f"predicted {summary.predicted_step_time_s:.3f} s/step for {spec.hardware.name}{tuned}, "
                          f"measured {summary.step_time_s:.3f} s/step ({error:+.0%})")
         else:
