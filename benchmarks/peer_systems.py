@@ -179,12 +179,12 @@ def run_slidedp(args, emit, host_state_only: bool = False) -> None:
     from benchmarks.streaming_measure import StreamingModel, measure_policy, save_run_dir
     from slidedp.hardware import GIB, load_hardware
     from slidedp.problem import resolve_budget
-    from slidedp.runtime.device import Device
+    from slidedp.runtime.device import Device, cuda_memory_gib
     from slidedp.tune import tune
 
     system = "slidedp-host" if host_state_only else "slidedp"
     hw = load_hardware(args.profile)
-    budget = resolve_budget(hw, args.slidedp_gpu_budget, hw.host.memory_gib)
+    budget = resolve_budget(hw, args.slidedp_gpu_budget, hw.host.memory_gib, cuda_memory_gib(args.device))
     sm = StreamingModel.open(args.model, Device(args.device), log)
     runs = Path(args.out) / "slidedp_runs"
     for i, batch in enumerate(args.batches):
@@ -223,11 +223,12 @@ def run_slidedp_ranks(args, emit, host_state_only: bool = False) -> None:
     from slidedp.hardware import load_hardware
     from slidedp.model_spec import load_model_spec
     from slidedp.problem import resolve_budget
+    from slidedp.runtime.device import cuda_memory_gib
     from slidedp.tune import tune
 
     hw = load_hardware(args.profile).with_gpus(args.gpus)
     spec = load_model_spec(args.model)
-    budget = resolve_budget(hw, args.slidedp_gpu_budget, hw.host.memory_gib)
+    budget = resolve_budget(hw, args.slidedp_gpu_budget, hw.host.memory_gib, cuda_memory_gib(args.device))
     system = "slidedp-host" if host_state_only else "slidedp"
     runs = Path(args.out) / "slidedp_runs"
     runs.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,15 @@ def prefer_expandable_segments(environ: MutableMapping[str, str] = os.environ) -
     return True
 
 
+def cuda_memory_gib(name: str) -> float | None:
+    """Total memory of the CUDA device ``name`` (auto, cuda or cuda:N) in GiB; None where the run has no GPU
+    (cpu, or auto without CUDA)."""
+    if name == "cpu" or not torch.cuda.is_available() or not (name == "auto" or name.startswith("cuda")):
+        return None
+    index = int(name.split(":")[1]) if ":" in name else torch.cuda.current_device()
+    return torch.cuda.get_device_properties(index).total_memory / 2**30
+
+
 class Device:
     def __init__(self, name: str):
         if name == "cuda":  # memory-fraction and stats calls want an explicit index

@@ -262,6 +262,15 @@ def with_state(policy, state: str | None):
     return policy.with_(state=StatePrecision.parse(state).name)
 
 
+def device_gpu_gib(args: argparse.Namespace) -> float | None:
+    """GPU memory one rank of this run will have (its card's, split between ranks that share it); None without
+    a GPU. The tuner plans within it even where the hardware profile describes a larger card."""
+    from slidedp.runtime.device import cuda_memory_gib
+
+    total = cuda_memory_gib(args.device)
+    return None if total is None else total / max(1, getattr(args, "ranks_per_gpu", 1))
+
+
 def tune_policy(args: argparse.Namespace, hw, log=print):
     """--policy auto: the tuner's best policy for this model, batch, seq and hardware profile (with the
     memory budget the run will have), printed with its predicted step time. Returns (policy, seconds)."""
@@ -272,7 +281,7 @@ def tune_policy(args: argparse.Namespace, hw, log=print):
 
     spec = ModelSpec.from_hf_config(load_hf_config(args.model).to_dict(), name=args.model)
     batch = args.batch or AUTO_BATCH_PER_RANK * hw.num_gpus
-    budget = resolve_budget(hw, args.gpu_budget, args.host_limit)
+    budget = resolve_budget(hw, args.gpu_budget, args.host_limit, device_gpu_gib(args))
     space = TuneSpace(clipping=bool(args.max_grad_norm), states=state_options(args.state or "fp32"))
     result = tune(spec, hw, args.seq, batch, budget, space, refine_top=4)
     best = result.best

@@ -234,3 +234,8 @@ def test_kernel_ab_times_two_builds_of_the_exact_update():
     assert row[0] == "50,000" and float(row[2]) > 0 and float(row[3]) > 0 and float(row[4]) > 0
     assert subprocess.run([sys.executable, "-m", "benchmarks.kernel_ab", "/nonexistent.so"], capture_output=True,
                           cwd=REPO).returncode == 2
+    out = bench("kernel_ab", build, "--params", "50000", "--threads", "1", "--repeats", "2", "--state", "bf16+int8")
+    assert "state bf16+int8" in out.stdout and float(out.stdout.splitlines()[-1].split()[4]) > 0
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.kernel_ab", str(build), "--state", "fp16+int8"],
+                         capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1

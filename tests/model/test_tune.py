@@ -127,3 +127,26 @@ def test_cli_tune_no_gpu_state(tmp_path, capsys):
     assert main(["tune", "--model", "qwen3-0.6b", "--hardware", "h200-x1", "--batch", "1", "--chunks", "4",
                  "--out", str(out)]) == 0
     assert yaml.safe_load(out.read_text())["gpu_state_units"] > 0
+
+
+def test_the_budget_is_the_smaller_of_the_profiles_gpu_and_the_one_the_run_has():
+    """h200-x1's plan on an 80 GiB H100 (2026-12-06: peer_compare's tuned Qwen3-8B planned 128, 109 and 92 GiB
+    and ran out of memory at each) is planned for the H100; an explicit --gpu-budget is kept as given."""
+    from slidedp.problem import GPU_USABLE_FRACTION
+
+    hw = load_hardware("h200-x1")
+    assert resolve_budget(hw, None, None, 79.2).gpu_bytes == pytest.approx(GPU_USABLE_FRACTION * 79.2 * GIB)
+    assert resolve_budget(hw, None, None, 200.0).gpu_bytes == resolve_budget(hw, None, None).gpu_bytes
+    assert resolve_budget(hw, 100.0, None, 79.2).gpu_bytes == 100.0 * GIB
+
+
+def test_policy_auto_plans_for_each_ranks_share_of_the_card(monkeypatch):
+    import argparse
+
+    from slidedp.commands import train_args
+    from slidedp.runtime import device
+
+    monkeypatch.setattr(device, "cuda_memory_gib", lambda name: 80.0 if name != "cpu" else None)
+    assert train_args.device_gpu_gib(argparse.Namespace(device="cuda", ranks_per_gpu=2)) == 40.0
+    assert train_args.device_gpu_gib(argparse.Namespace(device="cuda")) == 80.0
+    assert train_args.device_gpu_gib(argparse.Namespace(device="cpu", ranks_per_gpu=1)) is None

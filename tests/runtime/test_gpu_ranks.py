@@ -30,6 +30,11 @@ STEPS, SEQ = 3, 32
 # bf16 compute: the ranks sum their gradients in another order than one process does (and through a bf16
 # landing buffer on the per-rank route), so losses agree to bf16's resolution, not bit for bit.
 LOSS_RTOL = 2e-2
+# Final weights: the fp32 masters' updates (final minus initial) of the ranks and of one rank point the same way
+# and have the same size. Element by element they cannot agree tightly: Adam's first steps move each weight by
+# about +-lr whatever the gradient's size, so a gradient near zero whose bf16 sum flips sign moves that weight the
+# other way; a route that drops, doubles or misplaces a chunk's update shows as a cosine far below this.
+UPDATE_COSINE, UPDATE_NORM_RTOL = 0.98, 0.05
 
 
 def _state_dirs() -> set[Path]:
@@ -44,6 +49,23 @@ def _cmd(tmp_path: Path, out: Path, nproc: int, policy: Policy, *extra: str) -> 
     return [sys.executable, "-m", "slidedp.cli", "train", "--model", str(tmp_path / "tiny.json"), "--data",
             str(tmp_path / "data.txt"), "--seq", str(SEQ), "--device", "cuda", "--dtype", "bf16", "--policy",
             str(policy_path), "--nproc", str(nproc), "--ranks-per-gpu", str(nproc), "--out", str(out), *extra]
+
+
+def _master(out: Path) -> torch.Tensor:
+    """The fp32 master of the run's final checkpoint."""
+    from safetensors.torch import load_file
+
+    from slidedp.runtime.checkpoint_files import STATE_FILE
+    return load_file(str(out / "checkpoint" / STATE_FILE))["master"]
+
+
+def assert_same_update(ranks: torch.Tensor, single: torch.Tensor, initial: torch.Tensor) -> None:
+    """The ranks' final weights against one rank's, as the update each applied to the same initial weights."""
+    ours, theirs = (ranks - initial).double(), (single - initial).double()
+    assert theirs.norm() > 0, "one rank's run did not change the weights"
+    cosine = float(ours @ theirs / (ours.norm() * theirs.norm()))
+    size = float(ours.norm() / theirs.norm())
+    assert cosine >= UPDATE_COSINE and abs(size - 1) <= UPDATE_NORM_RTOL, (cosine, size)
 
 
 def _train(tmp_path: Path, name: str, nproc: int, policy: Policy, *extra: str) -> tuple[list[float], dict]:
@@ -68,31 +90,45 @@ def _policy(world: int, param_route: str, grad_route: str, schedule: str = "next
 CASES = [(2, pr, gr, "next_forward", 0) for pr in ("replicated", "sharded") for gr in ("per_rank", "reduce_scatter")]
 CASES += [(3, pr, gr, "next_forward", 0) for pr in ("replicated", "sharded") for gr in ("per_rank", "reduce_scatter")]
 CASES += [(2, "replicated", "per_rank", "after_backward", 0), (2, "sharded", "reduce_scatter", "as_ready", 0),
-          (2, "sharded", "reduce_scatter", "next_forward", 2), (2, "replicated", "per_rank", "next_forward", 2)]
+          (2, "sharded", "reduce_scatter", "next_forward", 2), (2, "replicated", "per_rank", "next_forward", 2),
+          (2, "replicated", "reduce_scatter", "next_forward", 2), (2, "sharded", "per_rank", "next_forward", 2)]
 
 
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory):
-    """One rank's losses per (accumulation, schedule, GPU-held units): the routes do not apply to one rank, so
-    every route pair at a world size is compared with the same single-rank run."""
-    cache: dict[tuple, list[float]] = {}
+    """One rank's losses and final master per (accumulation, schedule, GPU-held units): the routes do not apply to
+    one rank, so every route pair at a world size is compared with the same single-rank run."""
+    cache: dict[tuple, tuple[list[float], torch.Tensor]] = {}
 
-    def losses(policy: Policy) -> list[float]:
+    def run(policy: Policy) -> tuple[list[float], torch.Tensor]:
         key = (policy.accumulation, policy.update_schedule, policy.gpu_state_units)
         if key not in cache:
-            cache[key], _ = _train(tmp_path_factory.mktemp("one"), "single", 1, policy)
+            out = tmp_path_factory.mktemp("one")
+            losses, _ = _train(out, "single", 1, policy)
+            cache[key] = losses, _master(out / "single")
         return cache[key]
-    return losses
+    return run
+
+
+@pytest.fixture(scope="module")
+def initial_master(tmp_path_factory) -> torch.Tensor:
+    """The weights every run starts from (same seed): one step at a learning rate of 1e-30 (0 is refused) leaves
+    them as initialized: fp32 cannot represent so small a change to any weight."""
+    out = tmp_path_factory.mktemp("initial")
+    subprocess.run(_cmd(out, out / "lr0", 1, _policy(1, "replicated", "per_rank"), "--steps", "1", "--lr", "1e-30",
+                        "--weight-decay", "0"), check=True, capture_output=True, timeout=300)
+    return _master(out / "lr0")
 
 
 @pytest.mark.parametrize("world, param_route, grad_route, schedule, held", CASES)
-def test_ranks_sharing_the_gpu_train_like_one_rank(tmp_path, one_rank, world, param_route, grad_route, schedule,
-                                                   held):
+def test_ranks_sharing_the_gpu_train_like_one_rank(tmp_path, one_rank, initial_master, world, param_route, grad_route,
+                                                   schedule, held):
     before = _state_dirs()
     policy = _policy(world, param_route, grad_route, schedule, held)
     ranks, summary = _train(tmp_path, "ranks", world, policy)
-    single = one_rank(Policy(**{**policy.to_dict(), "accumulation": policy.accumulation * world}))
+    single, single_master = one_rank(Policy(**{**policy.to_dict(), "accumulation": policy.accumulation * world}))
     assert ranks == pytest.approx(single, rel=LOSS_RTOL)
+    assert_same_update(_master(tmp_path / "ranks"), single_master, initial_master)
     assert summary["ranks"] == world
     run = load_run(tmp_path / "ranks")  # what slidedp report reads: every rank's trace and exposure
     assert sorted(run.trace["rank"].unique()) == list(range(world)) and len(run.exposure) == world
