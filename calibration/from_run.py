@@ -3,7 +3,8 @@
 A run directory (measured by the runtime, or simulated) holds the trace, the policy, the hardware profile
 and a summary with the model's shape. The refit reads what each resource actually delivered in the trace:
 H2D and D2H bandwidth and latency from the copy operations, how much longer the CPU update is busy inside a
-step than the simulator prices it (host.step_update_factor, from the optimizer operations), and the GPU rates
+step than the simulator prices it (host.step_update_factor, from the exact mode's optimizer operations; each compact
+mode's update rate from its own runs), and the GPU rates
 from the per-layer forward times across runs of different sizes; with shape-aware curves, how much longer the GPU's
 operations take in a step than in the micro-benchmarks (gpu.compute.step_factor, from the GPU-bound decoder
 layers) and the achieved bandwidth of the loss head's logits chain from the head's forward + backward times.
@@ -20,7 +21,7 @@ from scipy.optimize import brentq
 
 from slidedp.calibration.fits import fit_compute, fit_link
 from slidedp.errors import SlideDPError
-from slidedp.hardware import HardwareProfile
+from slidedp.hardware import HardwareProfile, HostSpec
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.report.rundir import load_run
@@ -111,10 +112,15 @@ def refit_profile(base: HardwareProfile, records: list[RunRecord]) -> tuple[Hard
     if (trace.op == "adam").any():
         fused = not (trace.op == "cast").any()
         host = replace(host, fused_cast=fused)  # the kernel writes the bf16 copy: no separate cast pass
-        factor, runs = fit_step_update_factor(records, replace(base, gpu=gpu, host=host))
+        is_exact = [r.workload(base).state.is_exact for r in records]
+        exact = [r for r, e in zip(records, is_exact, strict=True) if e]
+        compact = [r for r, e in zip(records, is_exact, strict=True) if not e]
+        factor, runs = fit_step_update_factor(exact, replace(base, gpu=gpu, host=host))
         if runs:
             host = replace(host, step_update_factor=factor)
             report["step_update_factor"] = {"value": factor, "runs": runs, "fused": fused}
+        host, report_modes = refit_state_update_rates(compact, replace(base, gpu=gpu, host=host))
+        report.update(report_modes)
     gpu, report_compute = _refit_compute(gpu, records)
     report.setdefault("warnings", []).extend(report_compute.pop("warnings", []))
     report.update(report_compute)
@@ -175,6 +181,38 @@ def fit_step_update_factor(records: list[RunRecord], base: HardwareProfile) -> t
         return base.host.step_update_factor, 0
     factor = base.host.step_update_factor * float(np.mean(ratios))
     return min(10.0, max(0.25, factor)), len(ratios)
+
+
+def refit_state_update_rates(records: list[RunRecord], base: HardwareProfile) -> tuple[HostSpec, dict]:
+    """``base``'s host with each compact mode's update curve (host.state_update_gparams_per_s) rescaled so the
+    simulated update is as busy as the runs of that mode measured it (the mean over its runs of simulated /
+    measured busy seconds); a mode the host had not measured gets the curve the workload derives (the fp32
+    curve scaled by DRAM bytes), rescaled. Why per mode and not through step_update_factor: a compact update is
+    compute-bound where the exact one is DRAM-bound, so one machine can differ from the profile's far more in
+    one than in the other (2026-12-06: two lent hosts of one type ran bf16+int8 at 12.3 and 5.4 G params/s and
+    fp32 at 4.3 and 4.7); a factor fitted to both made the refit worse than the base (MAPE 26% -> 40%)."""
+    host, report = base.host, {}
+    for mode in sorted({r.workload(base).state.name for r in records}):
+        ratios, curve = [], None
+        for r in (r for r in records if r.workload(base).state.name == mode):
+            measured = busy_seconds(r.trace, "adam")
+            w = r.workload(base)
+            simulated = busy_seconds(simulate(w).trace, "adam")
+            if measured > 0 and simulated > 0:
+                ratios.append(simulated / measured)
+                # The curve the workload priced: measured, or derived at a constant bytes ratio to fp32's.
+                derived = w.state_update_params_per_s * base.host.step_update_factor / base.host.adam_rate(
+                    w.adam_threads)
+                curve = host.state_update_gparams_per_s.get(mode) or {
+                    t: v * derived for t, v in base.host.adam_gparams_per_s.items()}
+        if not ratios:
+            continue
+        scale = float(np.mean(ratios))
+        rescaled = {t: v * scale for t, v in curve.items()}
+        host = replace(host, state_update_gparams_per_s={**host.state_update_gparams_per_s, mode: rescaled})
+        report[f"state_update_gparams_per_s.{mode}"] = {"scale": scale, "runs": len(ratios),
+                                                        "measured_before": mode in base.host.state_update_gparams_per_s}
+    return host, report
 
 
 def fit_logits_gbps(records: list[RunRecord], base: HardwareProfile) -> tuple[float | None, int]:

@@ -160,13 +160,14 @@ class HostSpec:
     cpu_dram_weight: float = 1.0
     # The one-pass update rate of each compact host-state mode (slidedp.state_precision names such as
     # ``fp32+int8``) as a thread curve like ``adam_gparams_per_s`` (which is the ``fp32`` mode's), measured by
-    # calibration. A mode missing here is priced by the workload from its DRAM bytes (see update_rate).
+    # calibration or rescaled from runs of that mode (calibration.from_run.refit_state_update_rates). A mode
+    # missing here is priced by the workload from its DRAM bytes (see update_rate).
     state_update_gparams_per_s: dict[str, dict[int, float]] = field(default_factory=dict)
     # How many times longer SlideDP's CPU update takes inside a training step than the simulator prices it from
     # the rates above (timed alone) and the copy contention (dma_interference): what a step adds beside it, the
     # Python thread issuing GPU work and the copy threads on the same cores and a whole-model working set, none
-    # of which the pass alone sees. Fitted from runs' traces (calibration.from_run.fit_step_update_factor:
-    # measured over simulated busy time of the update); 1 where no run was measured.
+    # of which the pass alone sees. Fitted from the exact (fp32) runs' traces (calibration.from_run.
+    # fit_step_update_factor: measured over simulated busy time of the update); 1 where no run was measured.
     step_update_factor: float = 1.0
 
     def __post_init__(self) -> None:

@@ -341,3 +341,44 @@ def test_step_compute_factor_recovers_the_gpus_in_step_slowdown(tmp_path):
     factor, runs = fit_step_compute_factor(records, base)
     assert 4 <= runs <= len(records) and factor == pytest.approx(1.06, rel=0.005)
     assert fit_step_compute_factor(records, replace(base, gpu=replace(base.gpu, compute=None))) == (None, 0)
+
+
+def test_a_compact_modes_rate_is_refitted_from_its_own_runs_not_through_the_exact_factor(tmp_path):
+    """2026-12-06: a lent host ran bf16+int8 at 0.44x the profile's rate and fp32 at about its rate; one
+    step_update_factor fitted to both runs made the refit worse than the base. Each mode's curve is rescaled
+    from its own runs; the factor comes from the exact runs alone."""
+    from slidedp.calibration.from_run import refit_state_update_rates
+
+    base = load_hardware("h200-x1")
+    mode = "bf16+int8"
+    slow = {t: v * 0.44 for t, v in base.host.state_update_gparams_per_s[mode].items()}
+    truth = replace(base, host=replace(base.host, state_update_gparams_per_s={
+        **base.host.state_update_gparams_per_s, mode: slow}))
+    spec = load_model_spec("qwen3-4b")
+    paths = []
+    for i, (state, mb) in enumerate([(mode, 1), (mode, 2), ("fp32", 1), ("fp32", 2)]):
+        policy = Policy(micro_batch=mb, accumulation=1, chunks_per_layer=4, state=state)
+        sim = simulate(StepWorkload(spec, truth, policy, 2048, mb))
+        summary = RunSummary(model=spec.name, model_spec=spec.to_dict(), policy=policy.to_dict(), seq=2048,
+                             batch=mb, ranks=1, step_time_s=sim.step_time_s, limiter=sim.limiter)
+        paths.append(write_run_dir(tmp_path / f"run{i}", sim.trace, sim.exposure, summary, policy, truth))
+    records = [load_record(p) for p in paths]
+    refit, report = refit_profile(base, records)
+    assert refit.host.step_update_factor == pytest.approx(base.host.step_update_factor, rel=0.02)
+    for t, v in refit.host.state_update_gparams_per_s[mode].items():
+        assert v == pytest.approx(slow[t], rel=0.03)
+    assert report[f"state_update_gparams_per_s.{mode}"]["runs"] == 2
+    assert mape(validate(records, refit)) < 2 < mape(validate(records, base))
+    # A mode the base had not measured gets the derived curve, rescaled to what its runs measured.
+    unmeasured = replace(base, host=replace(base.host, state_update_gparams_per_s={}))
+    host, report = refit_state_update_rates(records[:2], unmeasured)
+    assert not report[f"state_update_gparams_per_s.{mode}"]["measured_before"]
+    w = records[0].workload(replace(unmeasured, host=host))
+    assert w.state_update_rate_measured
+    assert busy_adam(simulate(w).trace) == pytest.approx(busy_adam(records[0].trace), rel=0.03)
+
+
+def busy_adam(trace) -> float:
+    from slidedp.calibration.from_run import busy_seconds
+
+    return busy_seconds(trace, "adam")
