@@ -57,6 +57,11 @@ class Attention:
         return 2.5 * fwd if self.backward else fwd
 
 
+# Backward kernels of an elementwise chain read the saved input and the incoming gradient and write the outgoing
+# one: this many times the forward's bytes and kernels.
+ELEMENTWISE_BACKWARD_FACTOR = 2
+
+
 @dataclass(frozen=True)
 class Elementwise:
     """Memory-bound kernels: ``nbytes`` moved through HBM by ``kernels`` launches."""
@@ -64,6 +69,9 @@ class Elementwise:
     name: str
     nbytes: float
     kernels: int
+    # The backward's bytes and kernels over the forward's (an elementwise chain's is ELEMENTWISE_BACKWARD_FACTOR;
+    # eager attention's softmax chain moves less: EAGER_SCORES_BACKWARD_FACTOR).
+    backward_factor: float = ELEMENTWISE_BACKWARD_FACTOR
 
     @property
     def flops(self) -> float:
@@ -72,9 +80,8 @@ class Elementwise:
 
 ComputeOp = Gemm | Attention | Elementwise
 
-# Bytes per element and kernels of the eager HF memory-bound modules (forward). Backward kernels of an
-# elementwise chain read the saved input and the incoming gradient and write the outgoing one:
-# ELEMENTWISE_BACKWARD_FACTOR times the forward's bytes and kernels.
+# Bytes per element and kernels of the eager HF memory-bound modules (forward; their backward: see
+# ELEMENTWISE_BACKWARD_FACTOR).
 RMSNORM_BYTES, RMSNORM_KERNELS = 36, 7  # bf16 in, fp32 upcast, pow, mean, rsqrt-mul, downcast, weight mul
 ROTARY_BYTES, ROTARY_KERNELS = 22, 6  # rotate_half (slice + cat), x*cos, rot*sin, add
 SWIGLU_BYTES, SWIGLU_KERNELS = 10, 2  # silu(gate), * up
@@ -82,7 +89,13 @@ RESIDUAL_BYTES, RESIDUAL_KERNELS = 6, 1  # x + y in bf16
 BIAS_BYTES, BIAS_KERNELS = 6, 1  # a projection's bias added to its bf16 output
 LOGITS_BYTES, LOGITS_KERNELS = 30, 6  # fp32 upcast of the logits, log-softmax, gather, and their backward
 EMBED_BYTES, EMBED_KERNELS = 4, 1  # gather one bf16 row per token (read + write)
-ELEMENTWISE_BACKWARD_FACTOR = 2
+# Eager attention (HF's ``eager_attention_forward``, which SlideFormer hard-codes) materialises every score of
+# batch x heads x seq x seq: the scores' scale (read 2, write 2), the causal mask's add (2 + 2), softmax in fp32
+# (2 + 4) and its cast back to bf16 (4 + 2) = 20 B per score in 4 kernels; its backward (the cast's, softmax's
+# and the scale's; the mask add passes the gradient through) moves about 24 B per score. The matmul output and
+# its input are the GEMMs' own traffic.
+EAGER_SCORES_BYTES, EAGER_SCORES_KERNELS = 20, 4
+EAGER_SCORES_BACKWARD_FACTOR = 24 / 20
 # Memory-bound ops priced at the achieved bandwidth of the module the micro-benchmarks time for them
 # (ComputeCurves.memory_gbps_by_kind); ops no benchmark covers use the generic memory_gbps.
 MEASURED_KIND: dict[str, str] = {"rmsnorm": "rmsnorm", "qk_norm": "rmsnorm", "rotary": "rotary",
@@ -210,6 +223,24 @@ class ComputeCurves:
         return max(self.total_seconds(ops), floor * 1e-6) + extra * 1e-6
 
 
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+def eager_attention_ops(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int) -> list[ComputeOp]:
+    """Forward of eager (non-fused) causal attention: the grouped K and V expanded to every head, the full
+    QK^T product (eager computes the masked half too), the score chain (EAGER_SCORES_BYTES) and PV."""
+    pairs = batch * heads
+    expand = 2 * batch * seq * heads * head_dim * 2 * 2 if kv_heads != heads else 0  # K and V: read + write bf16
+    scores = batch * heads * seq * seq
+    ops: list[ComputeOp] = [Gemm(seq, seq, head_dim, count=pairs),
+                            Elementwise("eager_scores", scores * EAGER_SCORES_BYTES, EAGER_SCORES_KERNELS,
+                                        backward_factor=EAGER_SCORES_BACKWARD_FACTOR),
+                            Gemm(seq, head_dim, seq, count=pairs)]
+    if expand:
+        ops.insert(0, Elementwise("repeat_kv", expand, 2))
+    return ops
+
+
 def backward_ops(forward: list[ComputeOp]) -> list[ComputeOp]:
     """The backward of a forward op list: a GEMM's input gradient (M x K from M x N by N x K) and weight
     gradient (N x K from N x M by M x K), attention's backward kernel, elementwise chains at
@@ -222,8 +253,8 @@ def backward_ops(forward: list[ComputeOp]) -> list[ComputeOp]:
         elif isinstance(op, Attention):
             out.append(Attention(op.batch, op.seq, op.heads, op.kv_heads, op.head_dim, backward=True))
         else:
-            out.append(Elementwise(op.name, ELEMENTWISE_BACKWARD_FACTOR * op.nbytes,
-                                   ELEMENTWISE_BACKWARD_FACTOR * op.kernels))
+            out.append(Elementwise(op.name, op.backward_factor * op.nbytes,
+                                   round(op.backward_factor * op.kernels)))
     return out
 
 

@@ -162,14 +162,24 @@ class ModelSpec:
         """Parameter tensors of one decoder layer (q, k, v, o, gate, up, down, two norms, biases, q/k norms)."""
         return 9 + (3 if self.attn_bias else 0) + (2 if self.qk_norm else 0)
 
-    def layer_forward_ops(self, batch: int, seq: int, span: float | None = None) -> list[c.ComputeOp]:
+    def layer_forward_ops(self, batch: int, seq: int, span: float | None = None,
+                          attention: str = "sdpa") -> list[c.ComputeOp]:
         """One decoder layer's forward on ``batch`` sequences of ``seq`` tokens, as the HF layer runs it:
         RMSNorm, q/k/v projections (+ biases: Qwen2), q/k norms (Qwen3), rotary, flash attention, output
         projection, residual, RMSNorm, gate/up projections, SwiGLU, down projection, residual. ``span``: packed
-        rows whose attention stays inside examples of this token-weighted mean length (None: whole rows)."""
+        rows whose attention stays inside examples of this token-weighted mean length (None: whole rows).
+        ``attention``: ``sdpa`` (flash; SlideDP and most peers) or ``eager`` (every score materialised:
+        slidedp.compute.eager_attention_ops; whole rows only)."""
         t, h, q, kv = batch * seq, self.hidden, self.q_dim, self.kv_dim
-        attention = c.Attention(batch, seq, self.heads, self.kv_heads, self.head_dim) if span is None else \
-            c.Attention(t / span, span, self.heads, self.kv_heads, self.head_dim)
+        if attention not in c.ATTENTION_IMPLEMENTATIONS:
+            raise SlideDPError(f"attention {attention!r}: choose one of {', '.join(c.ATTENTION_IMPLEMENTATIONS)}")
+        if attention == "eager":
+            if span is not None:
+                raise SlideDPError("eager attention has no packed-row (varlen) form")
+            core = c.eager_attention_ops(batch, seq, self.heads, self.kv_heads, self.head_dim)
+        else:
+            core = [c.Attention(batch, seq, self.heads, self.kv_heads, self.head_dim) if span is None else
+                    c.Attention(t / span, span, self.heads, self.kv_heads, self.head_dim)]
         ops: list[c.ComputeOp] = [
             self._rmsnorm_op(t, 1),
             c.Gemm(t, q, h), c.Gemm(t, kv, h, count=2),
@@ -180,7 +190,7 @@ class ModelSpec:
             ops.append(c.Elementwise("qk_norm", t * (q + kv) * c.RMSNORM_BYTES, 2 * c.RMSNORM_KERNELS))
         ops += [
             c.Elementwise("rotary", t * (q + kv) * c.ROTARY_BYTES, 2 * c.ROTARY_KERNELS),
-            attention,
+            *core,
             c.Gemm(t, h, q),
             c.Elementwise("residual", t * h * c.RESIDUAL_BYTES, c.RESIDUAL_KERNELS),
             *self._mlp_block_ops([(t, 1)]),

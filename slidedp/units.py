@@ -104,20 +104,21 @@ def attention_span(lengths: list[int] | tuple[int, ...]) -> float:
 
 def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int, seq: int,
               loss_chunk_tokens: int = 4096, seq_tile_tokens: int = 0,
-              attention_span: float | None = None) -> tuple[UnitWork, ...]:
+              attention_span: float | None = None, attention: str = "sdpa") -> tuple[UnitWork, ...]:
     """The units of ``m`` with their work for one activation policy, micro-batching and sequence tile.
     ``attention_span``: packed rows whose attention stays inside each example (the varlen kernel), priced by the
-    examples' token-weighted mean length (:func:`attention_span`); None: every row is one causal sequence."""
+    examples' token-weighted mean length (:func:`attention_span`); None: every row is one causal sequence.
+    ``attention``: the kernel (ModelSpec.layer_forward_ops); eager computes the masked half of the scores too."""
     mb_tokens = seq * micro_batch
     recompute = activation in RECOMPUTING_ACTIVATIONS
     lin = m.layer_linear_flops_per_token() * mb_tokens
-    attn = m.layer_attention_flops_per_token(seq, attention_span) * mb_tokens
+    attn = m.layer_attention_flops_per_token(seq, attention_span) * mb_tokens * (2 if attention == "eager" else 1)
     ckpt = (m.checkpoint_bytes_per_token() * mb_tokens * accumulation) if activation == "offload" else 0.0
     embed_fwd, embed_bwd = m.embedding_ops(mb_tokens)
     units = [UnitWork(0, "embed", "embed", m.embedding_params, 0.0, 0.0, mb_tokens, accumulation, False, 0.0,
                       pinned=m.tied_embeddings, fwd_ops=tuple(embed_fwd), bwd_ops=tuple(embed_bwd),
                       step_ops=tuple(gradient_ops(m.embedding_params, 1, 0)))]
-    layer_fwd = tuple(m.layer_forward_ops(micro_batch, seq, attention_span))
+    layer_fwd = tuple(m.layer_forward_ops(micro_batch, seq, attention_span, attention))
     layer_bwd = tuple(backward_ops(list(layer_fwd)))
     tile_ops = tuple(m.tile_recompute_ops(micro_batch, seq, seq_tile_tokens))
     tile_flops = sum(op.flops for op in tile_ops)
@@ -176,13 +177,13 @@ def _time_ops(work: UnitWork, gpu: GPUSpec) -> Unit:
 
 def build_units(m: ModelSpec, gpu: GPUSpec, activation: str, micro_batch: int, accumulation: int,
                 seq: int, loss_chunk_tokens: int = 4096, seq_tile_tokens: int = 0,
-                attention_span: float | None = None) -> tuple[Unit, ...]:
+                attention_span: float | None = None, attention: str = "sdpa") -> tuple[Unit, ...]:
     """Streamed units with per-rank step times and FLOPs for one micro-batching and activation policy.
 
     Separate from StepWorkload so a tuner can reuse units across policies that share these inputs.
     """
     return tuple(time_unit(w, gpu) for w in unit_work(m, activation, micro_batch, accumulation, seq,
-                                                      loss_chunk_tokens, seq_tile_tokens, attention_span))
+                                                      loss_chunk_tokens, seq_tile_tokens, attention_span, attention))
 
 
 def check_gpu_state_units(count: int, num_units: int) -> None:

@@ -51,7 +51,8 @@ class StepWorkload:
     """
 
     def __init__(self, model: ModelSpec, hw: HardwareProfile, policy: Policy, seq: int, global_batch: int,
-                 units: tuple[Unit, ...] | None = None, hosts: int = 1, attention_span: float | None = None):
+                 units: tuple[Unit, ...] | None = None, hosts: int = 1, attention_span: float | None = None,
+                 attention: str = "sdpa"):
         if not isinstance(seq, int) or seq < 1:
             raise SlideDPError(f"sequence length must be a positive integer, got {seq!r}")
         if not isinstance(global_batch, int) or global_batch < 1:
@@ -76,6 +77,7 @@ class StepWorkload:
         self.model, self.hw, self.policy = model, hw, policy
         self.seq, self.global_batch, self.ranks, self.hosts = seq, global_batch, n, hosts
         self.attention_span = attention_span  # packed rows through the varlen kernel (slidedp.units.attention_span)
+        self.attention = attention  # sdpa (flash), or eager: a peer's kernel (ModelSpec.layer_forward_ops)
         self.routes = Routes.of(policy, n, weight_bytes=BF16_BYTES, hosts=hosts)
         self.chunks = policy.chunks_per_layer
         self.adam_threads = threads
@@ -89,14 +91,15 @@ class StepWorkload:
         units reused where the policy's unit inputs (activation, batching, loss chunk, tile) are unchanged."""
         same = unit_inputs(policy) == unit_inputs(self.policy)
         return StepWorkload(self.model, self.hw, policy, self.seq, self.global_batch,
-                            units=self.units if same else None, hosts=self.hosts, attention_span=self.attention_span)
+                            units=self.units if same else None, hosts=self.hosts, attention_span=self.attention_span,
+                            attention=self.attention)
 
     # ---- units ----------------------------------------------------------------------------------------------
     @cached_property
     def units(self) -> tuple[Unit, ...]:
         pol = self.policy
         return build_units(self.model, self.hw.gpu, pol.activation, pol.micro_batch, pol.accumulation, self.seq,
-                           pol.loss_chunk_tokens, pol.seq_tile_tokens, self.attention_span)
+                           pol.loss_chunk_tokens, pol.seq_tile_tokens, self.attention_span, self.attention)
 
     @property
     def num_units(self) -> int:

@@ -114,7 +114,8 @@ def peer_host_needs(spec, hw, seq: int, batch: int) -> list[tuple[str, PeerMemor
     rows = []
     for name, system in SYSTEMS.items():
         try:
-            rows.append((name, estimate_peer_memory(PeerStep(system, peer_workload(spec, hw, seq, batch)))))
+            rows.append((name, estimate_peer_memory(PeerStep(system, peer_workload(spec, hw, seq, batch,
+                                                                                   system.attention)))))
         except SlideDPError:  # a batch this peer cannot run on these GPUs
             continue
     return rows

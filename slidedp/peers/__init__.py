@@ -23,7 +23,7 @@ def peer_step(name: str, model, hw, seq: int, batch: int) -> PeerStep:
     system = peer_system(name)
     if system is None:
         raise ValueError("slidedp runs its own policy-driven plan, not a peer step")
-    step = PeerStep(system, peer_workload(model, hw, seq, batch))
+    step = PeerStep(system, peer_workload(model, hw, seq, batch, system.attention))
     step.check_rates()
     return step
 

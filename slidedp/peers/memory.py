@@ -72,11 +72,20 @@ class PeerMemory:
         return problems
 
 
+# GPU bytes per attention score that eager attention holds in one layer's recomputed forward + backward: the
+# bf16 scores and probabilities and the fp32 softmax output kept for the backward, and the scores' fp32 and bf16
+# gradients (HF's eager_attention_forward). SlideFormer's measured peaks on an H100 (2026-12-06, Qwen3-4B, seq
+# 4096) grew 8.4 GiB per sequence, 16.8 B per score.
+EAGER_SCORE_WORKING_BYTES = 16
+
+
 def _activations(step: PeerStep) -> float:
     """GPU bytes of activations at the start of backward: the shared per-layer-recompute count, or the system's."""
     s, w = step.system, step.w
     ckpt = w.model.checkpoint_bytes_per_token() * w.tokens_per_rank
     working = w.model.full_activation_bytes_per_token() * w.tokens_per_micro_batch
+    if s.attention == "eager":  # every score of one layer, batch x heads x seq x seq
+        working += EAGER_SCORE_WORKING_BYTES * w.policy.micro_batch * w.model.heads * w.seq * w.seq
     if s.checkpoints_on_host:  # the layers whose inputs are on their way out or back in, and one working set
         return (PEER_WINDOW + 1) * ckpt + working
     if s.checkpoint_interval > 1:  # one checkpoint per block, the recomputed inputs of one block, a working set

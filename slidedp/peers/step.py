@@ -58,11 +58,13 @@ def peer_policy(per_rank_batch: int) -> Policy:
                   prefetch_depth=PEER_WINDOW)
 
 
-def peer_workload(model: ModelSpec, hw: HardwareProfile, seq: int, batch: int) -> StepWorkload:
-    """The workload a peer runs on ``hw``'s GPUs at global ``batch`` (which the GPU count must divide)."""
+def peer_workload(model: ModelSpec, hw: HardwareProfile, seq: int, batch: int,
+                  attention: str = "sdpa") -> StepWorkload:
+    """The workload a peer runs on ``hw``'s GPUs at global ``batch`` (which the GPU count must divide), with its
+    attention kernel (PeerSystem.attention)."""
     if batch % hw.num_gpus:
         raise SlideDPError(f"batch {batch} is not divisible by the {hw.num_gpus} GPU(s)")
-    return StepWorkload(model, hw, peer_policy(batch // hw.num_gpus), seq, batch)
+    return StepWorkload(model, hw, peer_policy(batch // hw.num_gpus), seq, batch, attention=attention)
 
 
 class PeerStep:
@@ -71,6 +73,9 @@ class PeerStep:
     def __init__(self, system: PeerSystem, w: StepWorkload):
         if system.single_gpu and w.ranks > 1:
             raise SlideDPError(f"{system.name} is modelled on one GPU only, not {w.ranks}")
+        if w.attention != system.attention:
+            raise ValueError(f"{system.name} runs {system.attention} attention; the workload prices {w.attention} "
+                             f"(peer_workload(..., system.attention))")
         self.system, self.w = system, w
         self.n = w.ranks
 

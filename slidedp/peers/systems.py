@@ -191,6 +191,9 @@ class PeerSystem:
     # gradients in flight together (SlideFormer: 3 cache units of bf16 weights + bf16 gradients; MegaTrain: 2 flat
     # bf16 buffers, 2 bf16 layer templates and the bf16 gradients of the layers whose copy is in flight).
     gpu_buffer_bytes: int = 0
+    # The attention kernel the system's model runs (slidedp.compute.ATTENTION_IMPLEMENTATIONS): SlideFormer
+    # hard-codes HF's eager attention (main_dp.py), which materialises every score (compute and GPU memory).
+    attention: str = "sdpa"
 
     @property
     def streams_weights(self) -> bool:
@@ -266,7 +269,7 @@ SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
         optimizer="cpu", cpu_adam=SLIDEFORMER_CPU_ADAM, clip_host_bytes=0, cast_after_step=False,
         writeback_h2d_bytes=0, gpu_weight_bytes=0, gpu_moment_bytes=0, gpu_grad_bytes=0, gpu_state_sharded=False,
         autocast_cache=False, host_state_bytes=12, single_gpu=True, cast_on_fetch=True, update_per_unit=True,
-        grad_buffers=2, checkpoints_on_host=True, gpu_buffer_bytes=3 * (2 + 2)),
+        grad_buffers=2, checkpoints_on_host=True, gpu_buffer_bytes=3 * (2 + 2), attention="eager"),
     PeerSystem(
         name="megatrain", summary="MegaTrain: bf16 weights on the host, DeepSpeedCPUAdam after backward",
         fetch_h2d_bytes=2, gathered_bytes=0, refetch_in_backward=True,

@@ -11,6 +11,7 @@ import pytest
 from slidedp import compute as c
 from slidedp.calibration.shape_bench import GPU_ATTENTION, GPU_ELEMENTWISE, GPU_GEMMS, GPU_HEADS
 from slidedp.calibration.shape_fit import ShapeSamples, fit_curves, head_sample, samples_from_json, samples_to_json
+from slidedp.errors import SlideDPError
 from slidedp.hardware import load_hardware
 from slidedp.model_spec import ModelSpec, load_model_spec
 from slidedp.units import build_units
@@ -247,3 +248,44 @@ def test_step_factor_scales_the_operations_not_the_dispatch_floor():
     floor_bound = replace(CURVES, layer_dispatch_us=1e6 * 10 * CURVES.total_seconds(ops), layer_overhead_us=0.0)
     assert replace(floor_bound, step_factor=1.25).layer_pass_seconds(ops, backward=False) == pytest.approx(
         floor_bound.layer_pass_seconds(ops, backward=False))
+
+
+def test_eager_attention_materialises_every_score():
+    """HF's eager attention (SlideFormer's): the full QK^T and PV (twice the causal kernel's FLOPs), the K/V heads
+    expanded, 20 B per score in the forward's chain and 24 in its backward; the layer's other ops unchanged."""
+    m = ARCHS["qwen3"]
+    b, s = 2, 1024
+    sdpa = m.layer_forward_ops(b, s)
+    eager = m.layer_forward_ops(b, s, attention="eager")
+    (flash,) = [op for op in sdpa if isinstance(op, c.Attention)]
+    assert not any(isinstance(op, c.Attention) for op in eager)
+    extra_gemm = sum(op.flops for op in eager if isinstance(op, c.Gemm)) - \
+        sum(op.flops for op in sdpa if isinstance(op, c.Gemm))
+    assert extra_gemm == pytest.approx(2 * flash.flops)
+    (scores,) = [op for op in eager if isinstance(op, c.Elementwise) and op.name == "eager_scores"]
+    assert scores.nbytes == b * m.heads * s * s * c.EAGER_SCORES_BYTES
+    (back,) = [op for op in c.backward_ops(eager) if isinstance(op, c.Elementwise) and op.name == "eager_scores"]
+    assert back.nbytes == pytest.approx(b * m.heads * s * s * 24)
+    assert any(op.name == "repeat_kv" for op in eager if isinstance(op, c.Elementwise))  # 16 q heads, 8 kv
+    rest = [op for op in eager if not (isinstance(op, c.Gemm) and op.k in (s, m.head_dim) and op.count > 1)
+            and getattr(op, "name", "") not in ("eager_scores", "repeat_kv")]
+    assert rest == [op for op in sdpa if op is not flash]
+    hw = load_hardware("h200-x1")
+    eager_unit = build_units(m, hw.gpu, "recompute", b, 1, s, attention="eager")[1]
+    sdpa_unit = build_units(m, hw.gpu, "recompute", b, 1, s)[1]
+    assert eager_unit.fwd_s > sdpa_unit.fwd_s and eager_unit.bwd_s > sdpa_unit.bwd_s
+    with pytest.raises(SlideDPError, match="varlen"):
+        m.layer_forward_ops(b, s, span=300.0, attention="eager")
+    with pytest.raises(SlideDPError, match="choose one of"):
+        m.layer_forward_ops(b, s, attention="flash3")
+
+
+def test_a_peer_step_prices_the_peers_own_attention():
+    from slidedp.peers import SYSTEMS, PeerStep, peer_workload
+
+    m, hw = load_model_spec("qwen3-0.6b"), load_hardware("h200-x1")
+    assert SYSTEMS["slideformer"].attention == "eager" and SYSTEMS["megatrain"].attention == "sdpa"
+    with pytest.raises(ValueError, match="eager attention"):
+        PeerStep(SYSTEMS["slideformer"], peer_workload(m, hw, 1024, 1))
+    w = peer_workload(m, hw, 1024, 1, "eager")
+    assert PeerStep(SYSTEMS["slideformer"], w).w.with_policy(w.policy).attention == "eager"
