@@ -226,6 +226,12 @@ def step_reporter(progress: Progress, task, console: Console, world: int, target
     return on_step
 
 
+# Beyond this prediction error the closing lines suggest refitting the profile from the run (2026-12-06: a lent
+# host ran the compact update at 0.39x the shipped profile's rate; the refit then predicted two other models
+# within 10%).
+REFIT_HINT_ERROR = 0.10
+
+
 def run_outcome(summary, spec) -> str:
     """The closing lines: throughput, loss, eval, and the simulator's prediction beside the measurement."""
     lines = [f"done: {summary.steps} steps (global step {summary.global_step}), median {summary.step_time_s:.3f} "
@@ -245,6 +251,12 @@ def run_outcome(summary, spec) -> str:
         elif on_gpu:
             lines.append(f"predicted {summary.predicted_step_time_s:.3f} s/step for {spec.hardware.name}{tuned}, "
                          f"measured {summary.step_time_s:.3f} s/step ({error:+.0%})")
+            if abs(error) > REFIT_HINT_ERROR:
+                from slidedp.report.rundir import HARDWARE_FILE
+
+                out = Path(spec.out)
+                lines.append(f"to predict this machine, refit the profile from this run: slidedp calibrate "
+                             f"--from-run {out} --base {out / HARDWARE_FILE} --out {out / 'refit.yaml'}")
         else:
             lines.append(f"predicted {summary.predicted_step_time_s:.3f} s/step for {spec.hardware.name}{tuned}; "
                          f"this run was on the CPU, so its {summary.step_time_s:.3f} s/step is not comparable")

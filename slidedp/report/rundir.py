@@ -24,6 +24,7 @@ from slidedp.exposure import exposure_from_trace
 from slidedp.run_summary import RunSummary
 from slidedp.trace import load_trace, save_trace
 
+HARDWARE_FILE = "hardware.yaml"  # the profile the run was predicted with (its GPU count the run's)
 RAW_ARCHIVE = "raw.tar.xz"  # a results folder's bulky raw outputs, packed once so git holds one binary per session
 
 
@@ -48,7 +49,7 @@ def write_run_dir(path: str | Path, trace: pd.DataFrame, exposure: pd.DataFrame,
     if policy is not None:
         policy.save(path / "policy.yaml")
     if hardware is not None:
-        hardware.save(path / "hardware.yaml")
+        hardware.save(path / HARDWARE_FILE)
     return path
 
 

@@ -19,9 +19,14 @@ def _spec(ranks_per_gpu: int) -> SimpleNamespace:
     return SimpleNamespace(hardware=SimpleNamespace(name="h200-x1@3"), out=Path("runs/x"), ranks_per_gpu=ranks_per_gpu)
 
 
-def test_one_rank_per_gpu_gets_the_error_of_the_prediction():
+def test_one_rank_per_gpu_gets_the_error_of_the_prediction_and_how_to_refit():
     text = run_outcome(_summary("cuda:0"), _spec(1))
     assert "measured 5.978 s/step (-92%)" in text
+    out = Path("runs/x")
+    assert (f"slidedp calibrate --from-run {out} --base {out / 'hardware.yaml'} --out {out / 'refit.yaml'}"
+            in text)
+    close = SimpleNamespace(**{**vars(_summary("cuda:0")), "predicted_step_time_s": 5.5})
+    assert "--from-run" not in run_outcome(close, _spec(1))  # -8%: no hint
 
 
 def test_ranks_sharing_a_gpu_get_no_error_figure_and_the_reason():
