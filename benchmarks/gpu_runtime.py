@@ -30,7 +30,7 @@ from benchmarks.common import log, synthetic_tokens
 from benchmarks.streaming_measure import BENCH_OPTIM, StreamingModel, measure_policy
 from slidedp.hardware import GIB, load_hardware
 from slidedp.problem import resolve_budget
-from slidedp.runtime.device import Device
+from slidedp.runtime.device import Device, cuda_memory_gib
 from slidedp.runtime.engine import EngineConfig, StreamingEngine
 from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.tracing import TraceRecorder
@@ -68,7 +68,7 @@ def cpu_update_bench(results, params: int = 400_000_000) -> None:
 def run_model(model: str, seq: int, batches: list[int], steps: int, out: Path, results, traces: list) -> None:
     sm = StreamingModel.open(model, Device("cuda"), log)
     hw = load_hardware("h200-x1")
-    budget = resolve_budget(hw, None, hw.host.memory_gib)
+    budget = resolve_budget(hw, None, hw.host.memory_gib, cuda_memory_gib("cuda"))
     for batch in batches:
         t0 = time.perf_counter()
         tuned = tune(sm.spec, hw, seq, batch, budget, refine_top=4)

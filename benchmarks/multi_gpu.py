@@ -26,6 +26,7 @@ from slidedp.model_spec import load_model_spec
 from slidedp.policy import GRAD_ROUTES, PARAM_ROUTES, Policy
 from slidedp.problem import resolve_budget
 from slidedp.report.rundir import load_run
+from slidedp.runtime.device import cuda_memory_gib
 from slidedp.tune import tune
 
 
@@ -42,8 +43,8 @@ class Runner:
 
     def tuned(self, gpus: int, batch: int) -> Policy:
         hw = self.hw.with_gpus(gpus)
-        return tune(self.spec, hw, self.args.seq, batch, resolve_budget(hw, None, hw.host.memory_gib),
-                    refine_top=2).best.policy
+        budget = resolve_budget(hw, None, hw.host.memory_gib, cuda_memory_gib(self.args.device))
+        return tune(self.spec, hw, self.args.seq, batch, budget, refine_top=2).best.policy
 
     def train(self, experiment: str, label: str, gpus: int, batch: int, policy: Policy, steps: int) -> dict:
         row = {"experiment": experiment, "label": label, "gpus": gpus, "batch": batch, "seq": self.args.seq,

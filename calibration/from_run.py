@@ -207,7 +207,7 @@ def refit_state_update_rates(records: list[RunRecord], base: HardwareProfile) ->
                     t: v * derived for t, v in base.host.adam_gparams_per_s.items()}
         if not ratios:
             continue
-        scale = float(np.mean(ratios))
+        scale = min(4.0, max(0.1, float(np.mean(ratios))))  # like step_update_factor's bounds: a fit, not noise
         rescaled = {t: v * scale for t, v in curve.items()}
         host = replace(host, state_update_gparams_per_s={**host.state_update_gparams_per_s, mode: rescaled})
         report[f"state_update_gparams_per_s.{mode}"] = {"scale": scale, "runs": len(ratios),

@@ -35,7 +35,14 @@ def cuda_memory_gib(name: str) -> float | None:
     (cpu, or auto without CUDA)."""
     if name == "cpu" or not torch.cuda.is_available() or not (name == "auto" or name.startswith("cuda")):
         return None
-    index = int(name.split(":")[1]) if ":" in name else torch.cuda.current_device()
+    from slidedp.errors import SlideDPError
+
+    try:
+        index = int(name.split(":", 1)[1]) if ":" in name else torch.cuda.current_device()
+    except ValueError:
+        raise SlideDPError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N") from None
+    if not 0 <= index < torch.cuda.device_count():
+        raise SlideDPError(f"--device {name}: this machine has {torch.cuda.device_count()} visible GPU(s)")
     return torch.cuda.get_device_properties(index).total_memory / 2**30
 
 

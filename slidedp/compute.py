@@ -243,8 +243,8 @@ def eager_attention_ops(batch: int, seq: int, heads: int, kv_heads: int, head_di
 
 def backward_ops(forward: list[ComputeOp]) -> list[ComputeOp]:
     """The backward of a forward op list: a GEMM's input gradient (M x K from M x N by N x K) and weight
-    gradient (N x K from N x M by M x K), attention's backward kernel, elementwise chains at
-    ELEMENTWISE_BACKWARD_FACTOR times their bytes and kernels."""
+    gradient (N x K from N x M by M x K), attention's backward kernel, elementwise chains at their
+    ``backward_factor`` times their bytes and kernels (ELEMENTWISE_BACKWARD_FACTOR unless the op says)."""
     out: list[ComputeOp] = []
     for op in forward:
         if isinstance(op, Gemm):

@@ -87,11 +87,12 @@ class ModelSpec:
         """Forward matmul FLOPs of one decoder layer per token (2 per weight)."""
         return 2.0 * (self.layer_params - 2 * self.hidden)
 
-    def layer_attention_flops_per_token(self, seq: int, span: float | None = None) -> float:
+    def layer_attention_flops_per_token(self, seq: int, span: float | None = None, attention: str = "sdpa") -> float:
         """Forward causal attention FLOPs per token: QK^T and PV over an average context of half the attended
-        length: the row (``seq``), or for packed rows through the varlen kernel the examples' ``span``."""
+        length: the row (``seq``), or for packed rows through the varlen kernel the examples' ``span``. Eager
+        attention (a peer's kernel) multiplies every pair, the masked half too: the whole row."""
         attended = seq if span is None else span
-        return 2.0 * 2.0 * self.q_dim * (attended / 2.0)
+        return 2.0 * 2.0 * self.q_dim * (attended if attention == "eager" else attended / 2.0)
 
     def head_flops_per_token(self) -> float:
         """Forward lm_head FLOPs per token (the loss itself is negligible)."""

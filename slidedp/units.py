@@ -112,7 +112,7 @@ def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int
     mb_tokens = seq * micro_batch
     recompute = activation in RECOMPUTING_ACTIVATIONS
     lin = m.layer_linear_flops_per_token() * mb_tokens
-    attn = m.layer_attention_flops_per_token(seq, attention_span) * mb_tokens * (2 if attention == "eager" else 1)
+    attn = m.layer_attention_flops_per_token(seq, attention_span, attention) * mb_tokens
     ckpt = (m.checkpoint_bytes_per_token() * mb_tokens * accumulation) if activation == "offload" else 0.0
     embed_fwd, embed_bwd = m.embedding_ops(mb_tokens)
     units = [UnitWork(0, "embed", "embed", m.embedding_params, 0.0, 0.0, mb_tokens, accumulation, False, 0.0,

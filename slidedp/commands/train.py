@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -255,8 +256,10 @@ def run_outcome(summary, spec) -> str:
                 from slidedp.report.rundir import HARDWARE_FILE
 
                 out = Path(spec.out)
+                q = shlex.quote
                 lines.append(f"to predict this machine, refit the profile from this run: slidedp calibrate "
-                             f"--from-run {out} --base {out / HARDWARE_FILE} --out {out / 'refit.yaml'}")
+                             f"--from-run {q(str(out))} --base {q(str(out / HARDWARE_FILE))} "
+                             f"--out {q(str(out / 'refit.yaml'))}")
         else:
             lines.append(f"predicted {summary.predicted_step_time_s:.3f} s/step for {spec.hardware.name}{tuned}; "
                          f"this run was on the CPU, so its {summary.step_time_s:.3f} s/step is not comparable")

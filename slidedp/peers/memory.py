@@ -84,14 +84,15 @@ def _activations(step: PeerStep) -> float:
     s, w = step.system, step.w
     ckpt = w.model.checkpoint_bytes_per_token() * w.tokens_per_rank
     working = w.model.full_activation_bytes_per_token() * w.tokens_per_micro_batch
-    if s.attention == "eager":  # every score of one layer, batch x heads x seq x seq
-        working += EAGER_SCORE_WORKING_BYTES * w.policy.micro_batch * w.model.heads * w.seq * w.seq
+    # Eager attention: every score of one layer, batch x heads x seq x seq, whichever way activations are kept.
+    scores = EAGER_SCORE_WORKING_BYTES * w.policy.micro_batch * w.model.heads * w.seq * w.seq \
+        if s.attention == "eager" else 0.0
     if s.checkpoints_on_host:  # the layers whose inputs are on their way out or back in, and one working set
-        return (PEER_WINDOW + 1) * ckpt + working
+        return (PEER_WINDOW + 1) * ckpt + working + scores
     if s.checkpoint_interval > 1:  # one checkpoint per block, the recomputed inputs of one block, a working set
         blocks = -(-w.model.layers // s.checkpoint_interval)
-        return (blocks + 1 + s.checkpoint_interval) * ckpt + working
-    return activation_bytes(w)
+        return (blocks + 1 + s.checkpoint_interval) * ckpt + working + scores
+    return activation_bytes(w) + scores
 
 
 def _loss(step: PeerStep) -> float:

@@ -150,3 +150,21 @@ def test_policy_auto_plans_for_each_ranks_share_of_the_card(monkeypatch):
     assert train_args.device_gpu_gib(argparse.Namespace(device="cuda", ranks_per_gpu=2)) == 40.0
     assert train_args.device_gpu_gib(argparse.Namespace(device="cuda")) == 80.0
     assert train_args.device_gpu_gib(argparse.Namespace(device="cpu", ranks_per_gpu=1)) is None
+
+
+def test_the_cards_memory_is_read_from_the_device_named_or_refused_in_one_line(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from slidedp.runtime.device import cuda_memory_gib
+
+    assert cuda_memory_gib("cpu") is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 * 2**30))
+    assert cuda_memory_gib("cuda") == cuda_memory_gib("cuda:0") == cuda_memory_gib("auto") == 80.0
+    for bad, match in (("cuda:x", "expected auto, cpu, cuda or cuda:N"), ("cuda:3", "1 visible GPU")):
+        with pytest.raises(SlideDPError, match=match):
+            cuda_memory_gib(bad)

@@ -113,7 +113,8 @@ def one_rank(tmp_path_factory):
 @pytest.fixture(scope="module")
 def initial_master(tmp_path_factory) -> torch.Tensor:
     """The weights every run starts from (same seed): one step at a learning rate of 1e-30 (0 is refused) leaves
-    them as initialized: fp32 cannot represent so small a change to any weight."""
+    them as initialized (a change of 1e-30 is lost in any nonzero fp32 weight of this model's scale; a weight
+    that is exactly zero moves by 1e-30, which neither the cosine nor the size notices)."""
     out = tmp_path_factory.mktemp("initial")
     subprocess.run(_cmd(out, out / "lr0", 1, _policy(1, "replicated", "per_rank"), "--steps", "1", "--lr", "1e-30",
                         "--weight-decay", "0"), check=True, capture_output=True, timeout=300)
