@@ -50,12 +50,22 @@ FUSED_ADAM_HOST_BYTES = adam_host_bytes_per_param(2, fused_cast=True)
 
 
 NIC = "nic"  # one host's NICs to the other hosts, pooled (HardwareProfile.network)
+# The host's cores as a shared resource of capacity 1 (all of them for one second per second). A CPU pass that
+# runs at ``solo_rate`` bytes/s on all of them uses 1 / solo_rate of it per byte, so two such passes at once
+# (a peer's fetch cast and its update, each a team of every core) time-share the cores: each at its share of its
+# solo rate. SlideDP's own passes do not use it (one update pass per rank at a time, its copies on DMA engines).
+CORES = "cores"
+
+
+def cpu_pass_usage(solo_rate: float, host_bytes_per_byte: float = 1.0) -> dict[str, float]:
+    """Resources one byte of a CPU pass on every core crosses: host DRAM and the cores."""
+    return {"hostmem": host_bytes_per_byte, CORES: 1.0 / solo_rate}
 
 
 def resource_capacities(hw: HardwareProfile, hosts: int = 1) -> dict[str, float]:
     """Bytes/s of every shared resource a flow can cross: its name is what bottleneck reports show. Over
     several hosts, one host's resources plus its NICs (``nic``)."""
-    caps: dict[str, float] = {"hostmem": hw.host.mem_bw_gbps * GB}
+    caps: dict[str, float] = {"hostmem": hw.host.mem_bw_gbps * GB, CORES: 1.0}
     if hosts > 1 and hw.network is not None:
         caps[NIC] = hw.network.host_Bps
     for g in range(hw.num_gpus):
@@ -114,7 +124,7 @@ def flow_class(usage: dict[str, float]) -> str:
     dirs = [d for d in ("h2d", "d2h") if any(r.startswith(f"{d}[") for r in usage)]
     if dirs:
         return "+".join(dirs)
-    return CPU_PASS if set(usage) == {"hostmem"} else "other"
+    return CPU_PASS if set(usage) in ({"hostmem"}, {"hostmem", CORES}) else "other"
 
 
 def seconds_per_byte(usage: dict[str, float], caps: dict[str, float]) -> float:

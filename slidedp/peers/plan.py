@@ -16,7 +16,7 @@ from :class:`~slidedp.peers.step.PeerStep`.
 from __future__ import annotations
 
 from slidedp.peers.step import GRAD_SYNC_OP, PEER_WINDOW, PeerStep
-from slidedp.resources import collective_usage, dma_usage
+from slidedp.resources import CORES, collective_usage, cpu_pass_usage, dma_usage
 from slidedp.schedule import Plan
 
 # Whole-model ops (the optimizer after backward) are recorded against unit 0, chunk -1, as SlideDP's gpu_adam is.
@@ -56,6 +56,8 @@ class _PeerBuilder:
         usage = dma_usage(w.hw, r, "h2d")
         per_byte = step.fetch_host_per_byte() if fetch else 1.0
         usage["hostmem"] = per_byte
+        if fetch and step.system.cast_on_fetch:  # the cast feeding the copy runs on every core
+            usage[CORES] = 1.0 / step.fetch_cap()
         return self.plan.add(op=op, rank=r, stream=f"h2d[{r}]", resource=f"h2d[{r}]", amount=nbytes, flops=0.0,
                              host_bytes=nbytes * per_byte, deps=deps, usage=usage,
                              cap=step.fetch_cap() if fetch else float("inf"), latency=w.pcie_latency, **where)
@@ -144,7 +146,8 @@ class _PeerBuilder:
                 nbytes = step.unit_adam_bytes(u)
                 self.unit_update[(u, r)] = self.plan.add(
                     op="adam", rank=r, stream=f"cpu[{r}]", resource=f"cpu[{r}]", unit=u, chunk=-1, amount=nbytes,
-                    flops=0.0, host_bytes=nbytes, deps=[done[r]], usage={"hostmem": 1.0}, cap=step.adam_cap())
+                    flops=0.0, host_bytes=nbytes, deps=[done[r]], usage=cpu_pass_usage(step.adam_cap()),
+                    cap=step.adam_cap())
 
     def optimizer(self) -> None:
         """After the whole backward of every rank (the global gradient norm needs all of it)."""
@@ -166,7 +169,8 @@ class _PeerBuilder:
             for op, nbytes, cap in passes:
                 if nbytes > 0:
                     deps = [plan.add(op=op, rank=r, stream=stream, resource=stream, amount=nbytes, flops=0.0,
-                                     host_bytes=nbytes, deps=deps, usage={"hostmem": 1.0}, cap=cap(), **_WHOLE)]
+                                     host_bytes=nbytes, deps=deps, usage=cpu_pass_usage(cap()), cap=cap(),
+                                     **_WHOLE)]
             updated[r] = deps
         nbytes = step.writeback_h2d_bytes()
         if nbytes <= 0:

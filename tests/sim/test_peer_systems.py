@@ -252,3 +252,40 @@ def test_peer_bench_times_the_bf16_clip_megatrain_runs():
     assert set(BF16_IMPLEMENTATIONS) == {DEEPSPEED_CPU_ADAM_BF16, TORCH_CLIP_GRAD_NORM_BF16}
     assert not set(BF16_IMPLEMENTATIONS) & set(IMPLEMENTATIONS)  # `slidedp calibrate` does not time them
     assert time_step(TORCH_CLIP_GRAD_NORM_BF16, 2**14, 1) > 0
+
+
+def test_two_cpu_passes_on_every_core_time_share_the_cores():
+    """A peer's fetch cast and its update, each a team of every core (SlideFormer: torch's copy_ and its own
+    OpenMP Adam on the same 16 cores), run each at its share of its solo rate, not both at full speed."""
+    import simpy
+
+    from sim.fluid import FluidNetwork
+    from slidedp.resources import CORES, cpu_pass_usage
+
+    env = simpy.Environment()
+    net = FluidNetwork(env, {"hostmem": 1e12, CORES: 1.0})
+    done = {}
+
+    def run(name, amount, rate):
+        yield net.transfer(amount, cpu_pass_usage(rate), cap=rate)
+        done[name] = env.now
+
+    env.process(run("cast", 4.0, 2.0))  # 2 s alone
+    env.process(run("adam", 6.0, 3.0))  # 2 s alone
+    env.run()
+    assert done["cast"] == pytest.approx(4.0) and done["adam"] == pytest.approx(4.0)  # together: the sum
+
+
+def test_slideformers_cast_and_update_share_the_cores_in_its_step():
+    from dataclasses import replace as _replace
+
+    from slidedp.resources import CORES
+
+    hw = load_hardware("h200-x1")
+    rates = {**hw.host.peer_adam_gparams_per_s, "slideformer_cpu_adam": hw.host.peer_adam_gparams_per_s[
+        "deepspeed_cpu_adam"]}
+    hw = _replace(hw, host=_replace(hw.host, peer_adam_gparams_per_s=rates))
+    step = PeerStep(SYSTEMS["slideformer"], peer_workload(load_model_spec("qwen3-0.6b"), hw, 1024, 1, "eager"))
+    plan = build_peer_plan(step)
+    assert all(CORES in op.usage for op in plan.ops if op.op in ("adam", "h2d_param"))
+    assert simulate_peer(step).step_time_s > 0
