@@ -46,6 +46,14 @@ def cuda_memory_gib(name: str) -> float | None:
     return torch.cuda.get_device_properties(index).total_memory / 2**30
 
 
+def rank_gpu_gib(name: str, ranks_per_gpu: int = 1) -> float | None:
+    """GPU memory one rank has: its card's (``name``), split evenly between the ranks that share it; None
+    without a GPU. The runtime caps each rank's allocator at it; the tuner plans a usable fraction of it
+    (slidedp.problem.resolve_budget)."""
+    total = cuda_memory_gib(name)
+    return None if total is None else total / max(1, ranks_per_gpu)
+
+
 class Device:
     def __init__(self, name: str):
         if name == "cuda":  # memory-fraction and stats calls want an explicit index

@@ -31,7 +31,7 @@ from slidedp.runtime import checkpoint_files
 from slidedp.runtime.chunks import ChunkTable
 from slidedp.runtime.comm import Comm, HostGroups
 from slidedp.runtime.data import DataSpec, LoadedData, Rows, load_data
-from slidedp.runtime.device import Device
+from slidedp.runtime.device import Device, rank_gpu_gib
 from slidedp.runtime.engine import EngineConfig, StepStats, StreamingEngine, shared_buffer_sizes
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
@@ -213,7 +213,11 @@ class Trainer:
         self.resume_meta = self._check_resume() if s.resume is not None else None
         self.start_step = int(self.resume_meta.get("data_step", 0)) if self.resume_meta else 0
         self.memory = estimate_memory(self.workload)
-        gpu_budget = (s.gpu_budget_gib if s.gpu_budget_gib is not None else s.hardware.gpu.memory_gib) * GIB
+        # The memory this rank may use: --gpu-budget, else the profile's GPU or, where smaller, this rank's share
+        # of the card it runs on (ranks sharing a card split it); the allocator is capped at it in run().
+        share = rank_gpu_gib(device, s.ranks_per_gpu)
+        default_gib = s.hardware.gpu.memory_gib if share is None else min(s.hardware.gpu.memory_gib, share)
+        gpu_budget = (s.gpu_budget_gib if s.gpu_budget_gib is not None else default_gib) * GIB
         host_budget = (s.host_limit_gib * GIB) if s.host_limit_gib is not None else _meminfo_available()
         problems = memory_shortfalls(self.memory, gpu_budget, host_budget)
         if device.startswith("cuda"):

@@ -265,10 +265,9 @@ def with_state(policy, state: str | None):
 def device_gpu_gib(args: argparse.Namespace) -> float | None:
     """GPU memory one rank of this run will have (its card's, split between ranks that share it); None without
     a GPU. The tuner plans within it even where the hardware profile describes a larger card."""
-    from slidedp.runtime.device import cuda_memory_gib
+    from slidedp.runtime.device import rank_gpu_gib
 
-    total = cuda_memory_gib(args.device)
-    return None if total is None else total / max(1, getattr(args, "ranks_per_gpu", 1))
+    return rank_gpu_gib(args.device, getattr(args, "ranks_per_gpu", 1))
 
 
 def tune_policy(args: argparse.Namespace, hw, log=print):

@@ -165,6 +165,9 @@ def test_the_cards_memory_is_read_from_the_device_named_or_refused_in_one_line(m
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 * 2**30))
     assert cuda_memory_gib("cuda") == cuda_memory_gib("cuda:0") == cuda_memory_gib("auto") == 80.0
+    from slidedp.runtime.device import rank_gpu_gib
+
+    assert rank_gpu_gib("cuda:0", 2) == 40.0 and rank_gpu_gib("cpu", 2) is None
     for bad, match in (("cuda:x", "expected auto, cpu, cuda or cuda:N"), ("cuda:3", "1 visible GPU")):
         with pytest.raises(SlideDPError, match=match):
             cuda_memory_gib(bad)
