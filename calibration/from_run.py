@@ -112,9 +112,8 @@ def refit_profile(base: HardwareProfile, records: list[RunRecord]) -> tuple[Hard
     if (trace.op == "adam").any():
         fused = not (trace.op == "cast").any()
         host = replace(host, fused_cast=fused)  # the kernel writes the bf16 copy: no separate cast pass
-        is_exact = [r.workload(base).state.is_exact for r in records]
-        exact = [r for r, e in zip(records, is_exact, strict=True) if e]
-        compact = [r for r, e in zip(records, is_exact, strict=True) if not e]
+        exact = [r for r in records if r.policy.state_precision.is_exact]
+        compact = [r for r in records if not r.policy.state_precision.is_exact]
         factor, runs = fit_step_update_factor(exact, replace(base, gpu=gpu, host=host))
         if runs:
             host = replace(host, step_update_factor=factor)
@@ -169,18 +168,26 @@ def fit_step_update_factor(records: list[RunRecord], base: HardwareProfile) -> t
     factor times the mean over runs of measured / simulated busy seconds of the update (rank 0), so what the
     simulator already prices (the rate alone, the copies' contention) is not counted twice. Returns the factor
     and how many runs had an update to compare (none: ``base``'s factor)."""
-    ratios = []
-    for r in records:
-        measured = busy_seconds(r.trace, "adam")
-        if measured <= 0:
-            continue
-        simulated = busy_seconds(simulate(r.workload(base)).trace, "adam")
-        if simulated > 0:
-            ratios.append(measured / simulated)
+    ratios = [ratio for _, ratio in update_busy_ratios(records, base)]
     if not ratios:
         return base.host.step_update_factor, 0
     factor = base.host.step_update_factor * float(np.mean(ratios))
     return min(10.0, max(0.25, factor)), len(ratios)
+
+
+def update_busy_ratios(records: list[RunRecord], base: HardwareProfile) -> list[tuple[StepWorkload, float]]:
+    """Each run with a CPU update: its workload on ``base`` and the measured / simulated busy seconds of the
+    update (rank 0)."""
+    out = []
+    for r in records:
+        measured = busy_seconds(r.trace, "adam")
+        if measured <= 0:
+            continue
+        w = r.workload(base)
+        simulated = busy_seconds(simulate(w).trace, "adam")
+        if simulated > 0:
+            out.append((w, measured / simulated))
+    return out
 
 
 def refit_state_update_rates(records: list[RunRecord], base: HardwareProfile) -> tuple[HostSpec, dict]:
@@ -192,21 +199,16 @@ def refit_state_update_rates(records: list[RunRecord], base: HardwareProfile) ->
     one than in the other (2026-12-06: two lent hosts of one type ran bf16+int8 at 12.3 and 5.4 G params/s and
     fp32 at 4.3 and 4.7); a factor fitted to both made the refit worse than the base (MAPE 26% -> 40%)."""
     host, report = base.host, {}
-    for mode in sorted({r.workload(base).state.name for r in records}):
-        ratios, curve = [], None
-        for r in (r for r in records if r.workload(base).state.name == mode):
-            measured = busy_seconds(r.trace, "adam")
-            w = r.workload(base)
-            simulated = busy_seconds(simulate(w).trace, "adam")
-            if measured > 0 and simulated > 0:
-                ratios.append(simulated / measured)
-                # The curve the workload priced: measured, or derived at a constant bytes ratio to fp32's.
-                derived = w.state_update_params_per_s * base.host.step_update_factor / base.host.adam_rate(
-                    w.adam_threads)
-                curve = host.state_update_gparams_per_s.get(mode) or {
-                    t: v * derived for t, v in base.host.adam_gparams_per_s.items()}
-        if not ratios:
-            continue
+    by_mode: dict[str, list[tuple[StepWorkload, float]]] = {}
+    for w, ratio in update_busy_ratios(records, base):
+        by_mode.setdefault(w.state.name, []).append((w, ratio))
+    for mode, runs in sorted(by_mode.items()):
+        w = runs[0][0]
+        # The curve the workload priced: measured, or derived at a constant bytes ratio to fp32's.
+        derived = w.state_update_params_per_s * base.host.step_update_factor / base.host.adam_rate(w.adam_threads)
+        curve = host.state_update_gparams_per_s.get(mode) or {
+            t: v * derived for t, v in base.host.adam_gparams_per_s.items()}
+        ratios = [1.0 / ratio for _, ratio in runs]  # simulated / measured: the rate's scale
         scale = min(4.0, max(0.1, float(np.mean(ratios))))  # like step_update_factor's bounds: a fit, not noise
         rescaled = {t: v * scale for t, v in curve.items()}
         host = replace(host, state_update_gparams_per_s={**host.state_update_gparams_per_s, mode: rescaled})

@@ -24,6 +24,7 @@ from slidedp.hardware import GIB, HardwareProfile
 from slidedp.model import estimate_memory, memory_shortfalls
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
+from slidedp.problem import gpu_memory_gib
 from slidedp.report.rundir import write_run_dir
 from slidedp.routes import Routes
 from slidedp.run_summary import RunSummary, span_field
@@ -215,9 +216,8 @@ class Trainer:
         self.memory = estimate_memory(self.workload)
         # The memory this rank may use: --gpu-budget, else the profile's GPU or, where smaller, this rank's share
         # of the card it runs on (ranks sharing a card split it); the allocator is capped at it in run().
-        share = rank_gpu_gib(device, s.ranks_per_gpu)
-        default_gib = s.hardware.gpu.memory_gib if share is None else min(s.hardware.gpu.memory_gib, share)
-        gpu_budget = (s.gpu_budget_gib if s.gpu_budget_gib is not None else default_gib) * GIB
+        gpu_budget = (s.gpu_budget_gib if s.gpu_budget_gib is not None else
+                      gpu_memory_gib(s.hardware, rank_gpu_gib(device, s.ranks_per_gpu))) * GIB
         host_budget = (s.host_limit_gib * GIB) if s.host_limit_gib is not None else _meminfo_available()
         problems = memory_shortfalls(self.memory, gpu_budget, host_budget)
         if device.startswith("cuda"):

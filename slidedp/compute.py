@@ -226,6 +226,13 @@ class ComputeCurves:
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
+def check_attention(name: str) -> str:
+    """``name`` if it is an attention kernel the compute model prices, else one line naming them."""
+    if name not in ATTENTION_IMPLEMENTATIONS:
+        raise SlideDPError(f"attention {name!r}: choose one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
+    return name
+
+
 def eager_attention_ops(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int) -> list[ComputeOp]:
     """Forward of eager (non-fused) causal attention: the grouped K and V expanded to every head, the full
     QK^T product (eager computes the masked half too), the score chain (EAGER_SCORES_BYTES) and PV."""

@@ -172,9 +172,7 @@ class ModelSpec:
         ``attention``: ``sdpa`` (flash; SlideDP and most peers) or ``eager`` (every score materialised:
         slidedp.compute.eager_attention_ops; whole rows only)."""
         t, h, q, kv = batch * seq, self.hidden, self.q_dim, self.kv_dim
-        if attention not in c.ATTENTION_IMPLEMENTATIONS:
-            raise SlideDPError(f"attention {attention!r}: choose one of {', '.join(c.ATTENTION_IMPLEMENTATIONS)}")
-        if attention == "eager":
+        if c.check_attention(attention) == "eager":
             if span is not None:
                 raise SlideDPError("eager attention has no packed-row (varlen) form")
             core = c.eager_attention_ops(batch, seq, self.heads, self.kv_heads, self.head_dim)

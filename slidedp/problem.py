@@ -32,13 +32,18 @@ def resolve_hardware(name: str, gpus: int | None) -> HardwareProfile:
     return hw
 
 
+def gpu_memory_gib(hw: HardwareProfile, device_gib: float | None) -> float:
+    """The GPU memory a run has: the profile's card or, where the card the run will have is known (``device_gib``,
+    a rank's share of it: slidedp.runtime.device.rank_gpu_gib) and smaller, that."""
+    return hw.gpu.memory_gib if device_gib is None else min(hw.gpu.memory_gib, device_gib)
+
+
 def resolve_budget(hw: HardwareProfile, gpu_budget_gib: float | None, host_limit_gib: float | None,
                    device_gib: float | None = None) -> Budget:
     """The memory a plan may use. Without ``--gpu-budget``: the usable fraction of the profile's GPU or, where
     the GPU the run will have is known (``device_gib``) and smaller, of that one, so that a profile of a larger
     card (h200-x1's 139 GiB on an 80 GiB H100) does not plan what the card cannot hold."""
-    gpu_gib = hw.gpu.memory_gib if device_gib is None else min(hw.gpu.memory_gib, device_gib)
-    gpu = (gpu_budget_gib if gpu_budget_gib is not None else GPU_USABLE_FRACTION * gpu_gib) * GIB
+    gpu = (gpu_budget_gib if gpu_budget_gib is not None else GPU_USABLE_FRACTION * gpu_memory_gib(hw, device_gib)) * GIB
     if gpu > hw.gpu.memory_gib * GIB:
         raise SlideDPError(f"--gpu-budget {gpu_budget_gib} GiB exceeds the GPU's {hw.gpu.memory_gib} GiB")
     host = (host_limit_gib if host_limit_gib is not None else HOST_USABLE_FRACTION * hw.host.memory_gib) * GIB

@@ -57,9 +57,9 @@ NIC = "nic"  # one host's NICs to the other hosts, pooled (HardwareProfile.netwo
 CORES = "cores"
 
 
-def cpu_pass_usage(solo_rate: float, host_bytes_per_byte: float = 1.0) -> dict[str, float]:
+def cpu_pass_usage(solo_rate: float) -> dict[str, float]:
     """Resources one byte of a CPU pass on every core crosses: host DRAM and the cores."""
-    return {"hostmem": host_bytes_per_byte, CORES: 1.0 / solo_rate}
+    return {"hostmem": 1.0, CORES: 1.0 / solo_rate}
 
 
 def resource_capacities(hw: HardwareProfile, hosts: int = 1) -> dict[str, float]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from slidedp.compute import ATTENTION_IMPLEMENTATIONS
+from slidedp.compute import check_attention
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GB, HardwareProfile
 from slidedp.model_spec import BF16_BYTES, ModelSpec
@@ -72,8 +72,7 @@ class StepWorkload:
         check_gpu_state_units(policy.gpu_state_units, model.layers + 2)
         if attention_span is not None and not 0 < attention_span <= seq:
             raise SlideDPError(f"attention span must be in (0, seq {seq}], got {attention_span!r}")
-        if attention not in ATTENTION_IMPLEMENTATIONS:
-            raise SlideDPError(f"attention {attention!r}: choose one of {', '.join(ATTENTION_IMPLEMENTATIONS)}")
+        check_attention(attention)
         threads = default_adam_threads(hw, policy)
         if threads * n > hw.host.cores:
             raise SlideDPError(f"policy.adam_threads {threads} x {n} ranks exceeds the host's {hw.host.cores} cores")
