@@ -39,28 +39,18 @@ def _exact_step(n: int):
     return lambda kernel, k: kernel.adamw_bf16(p, m, v, slot, 1e-5, 0.9, 0.95, 1e-8, 0.0, float(k), 1.0)
 
 
-def _compact_step(state: str, n: int):
-    """``step(kernel, k)``: one update by ``kernel`` of ``n`` parameters held in compact mode ``state``, on a
-    HostState as the runtime allocates it."""
-    import torch
-
-    from slidedp.runtime.compact_adam import AdamScalars, compact_update
-    from slidedp.runtime.host_state import HostState
-    from slidedp.state_precision import StatePrecision
-
-    host = HostState.allocate(n, torch.bfloat16, torch.bfloat16, pin=False, precision=StatePrecision.parse(state))
-    host.master.copy_(torch.randn(n))
-    host.grad_buffer.copy_(torch.randn(n))
-    return lambda kernel, k: compact_update(kernel, host.range(0, n),
-                                            AdamScalars(1e-5, 0.9, 0.95, 1e-8, 0.0, k, 1.0, 0))
-
-
 def time_ab(old, new, n: int, threads: int, repeats: int, state: str = "fp32") -> dict[str, float]:
     """G params/s of each build's update of ``n`` parameters in ``state`` (fp32: the exact update)."""
     import torch
 
     torch.set_num_threads(threads)
-    step = _exact_step(n) if state == "fp32" else _compact_step(state, n)
+    if state == "fp32":
+        step = _exact_step(n)
+    else:
+        from slidedp.calibration.host_bench import compact_state_step
+        from slidedp.state_precision import StatePrecision
+
+        step = compact_state_step(StatePrecision.parse(state), n)
     seconds: dict[str, list[float]] = {"old": [], "new": []}
     builds = [("old", old), ("new", new)]
     for k in range(1, repeats + 2):  # the first round warms both up and is not counted

@@ -126,22 +126,30 @@ def _torch_adam_cast(p: torch.Tensor, mom: torch.Tensor, var: torch.Tensor, grad
     return update
 
 
-def compact_state_update(precision, n: int, seed: int = 0):
-    """A function that runs one update of ``n`` parameters held in ``precision`` the way the runtime does (the
-    one-pass kernel, else its torch path; bf16 gradients in the slot), on a zero-initialised HostState."""
+def compact_state_step(precision, n: int, seed: int = 0):
+    """``step(kernel, k)``: update ``k`` of ``n`` parameters held in ``precision`` by ``kernel`` (a build of the
+    one-pass kernel, or None: its torch path) as the runtime does it, bf16 gradients in the slot, on a
+    zero-initialised HostState allocated here (benchmarks/kernel_ab.py times two builds on the same state)."""
     from slidedp.runtime.compact_adam import AdamScalars, compact_update
-    from slidedp.runtime.cpu_adam import fused_kernel
     from slidedp.runtime.host_state import HostState
 
     host = HostState.allocate(n, torch.bfloat16, torch.bfloat16, pin=False, precision=precision)
     host.master.copy_(torch.randn(n))
     host.grad_buffer.copy_(torch.randn(n))
-    kernel = fused_kernel()
-    step = [0]
+    return lambda kernel, k: compact_update(kernel, host.range(0, n),
+                                            AdamScalars(1e-5, 0.9, 0.95, 1e-8, 0.0, k, 1.0, seed))
+
+
+def compact_state_update(precision, n: int, seed: int = 0):
+    """A function that runs one update of ``n`` parameters held in ``precision`` the way the runtime does (the
+    one-pass kernel, else its torch path; bf16 gradients in the slot), on a zero-initialised HostState."""
+    from slidedp.runtime.cpu_adam import fused_kernel
+
+    step, kernel, count = compact_state_step(precision, n, seed), fused_kernel(), [0]
 
     def update() -> None:
-        step[0] += 1
-        compact_update(kernel, host.range(0, n), AdamScalars(1e-5, 0.9, 0.95, 1e-8, 0.0, step[0], 1.0, seed))
+        count[0] += 1
+        step(kernel, count[0])
     return update
 
 
