@@ -1,8 +1,10 @@
 """Runtime test helpers: seeded token batches, a streaming engine on a tiny config, the plain-PyTorch reference
-trainer it must match, and `slidedp train` in a subprocess. The tiny configs themselves are in tests/builders.py."""
+trainer it must match, `slidedp train` in a subprocess, and what a run directory holds (losses, a checkpoint's
+master). The tiny configs themselves are in tests/builders.py."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import torch.nn.functional as F
 
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
+from slidedp.runtime.checkpoint_files import STATE_FILE
 from slidedp.runtime.device import Device
 from slidedp.runtime.engine import EngineConfig, StreamingEngine
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
@@ -105,3 +108,16 @@ def run_cli_train(tmp_path, out, *extra, env=None, text="streaming layers throug
     cmd = [sys.executable, "-m", "slidedp.cli", "train", "--model", str(tmp_path / "tiny.json"), "--data",
            str(tmp_path / "data.txt"), "--seq", "32", "--out", str(out), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+def run_losses(out: Path) -> list[float]:
+    """Every step's loss of the run in ``out`` (its metrics.csv)."""
+    with open(out / "metrics.csv") as fh:
+        return [float(row["loss"]) for row in csv.DictReader(fh)]
+
+
+def checkpoint_master(checkpoint: Path) -> torch.Tensor:
+    """The master weights of the checkpoint (or host share) directory ``checkpoint``."""
+    from safetensors.torch import load_file
+
+    return load_file(str(checkpoint / STATE_FILE))["master"]

@@ -21,6 +21,7 @@ from slidedp.policy import Policy
 from slidedp.report.rundir import load_run
 from slidedp.runtime.shared_dir import PREFIX, state_dir
 from tests.builders import TINY
+from tests.runtime.helpers import checkpoint_master, run_losses
 from tests.runtime.test_run_lifetime import _ranks_of, _run_id_of, _wait_for_steps
 
 pytestmark = [pytest.mark.gpu,
@@ -51,14 +52,6 @@ def _cmd(tmp_path: Path, out: Path, nproc: int, policy: Policy, *extra: str) -> 
             str(policy_path), "--nproc", str(nproc), "--ranks-per-gpu", str(nproc), "--out", str(out), *extra]
 
 
-def _master(out: Path) -> torch.Tensor:
-    """The fp32 master of the run's final checkpoint."""
-    from safetensors.torch import load_file
-
-    from slidedp.runtime.checkpoint_files import STATE_FILE
-    return load_file(str(out / "checkpoint" / STATE_FILE))["master"]
-
-
 def assert_same_update(ranks: torch.Tensor, single: torch.Tensor, initial: torch.Tensor) -> None:
     """The ranks' final weights against one rank's, as the update each applied to the same initial weights."""
     ours, theirs = (ranks - initial).double(), (single - initial).double()
@@ -75,10 +68,7 @@ def _train(tmp_path: Path, name: str, nproc: int, policy: Policy, *extra: str) -
     done = subprocess.run(_cmd(tmp_path, out, nproc, policy, "--steps", str(STEPS), *extra), capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = (out / "metrics.csv").read_text().splitlines()
-    header = lines[0].split(",")
-    losses = [float(line.split(",")[header.index("loss")]) for line in lines[1:]]
-    return losses, json.loads((out / "summary.json").read_text())
+    return run_losses(out), json.loads((out / "summary.json").read_text())
 
 
 def _policy(world: int, param_route: str, grad_route: str, schedule: str = "next_forward",
@@ -105,7 +95,7 @@ def one_rank(tmp_path_factory):
         if key not in cache:
             out = tmp_path_factory.mktemp("one")
             losses, _ = _train(out, "single", 1, policy)
-            cache[key] = losses, _master(out / "single")
+            cache[key] = losses, checkpoint_master(out / "single" / "checkpoint")
         return cache[key]
     return run
 
@@ -118,7 +108,7 @@ def initial_master(tmp_path_factory) -> torch.Tensor:
     out = tmp_path_factory.mktemp("initial")
     subprocess.run(_cmd(out, out / "lr0", 1, _policy(1, "replicated", "per_rank"), "--steps", "1", "--lr", "1e-30",
                         "--weight-decay", "0"), check=True, capture_output=True, timeout=300)
-    return _master(out / "lr0")
+    return checkpoint_master(out / "lr0" / "checkpoint")
 
 
 @pytest.mark.parametrize("world, param_route, grad_route, schedule, held", CASES)
@@ -129,7 +119,7 @@ def test_ranks_sharing_the_gpu_train_like_one_rank(tmp_path, one_rank, initial_m
     ranks, summary = _train(tmp_path, "ranks", world, policy)
     single, single_master = one_rank(Policy(**{**policy.to_dict(), "accumulation": policy.accumulation * world}))
     assert ranks == pytest.approx(single, rel=LOSS_RTOL)
-    assert_same_update(_master(tmp_path / "ranks"), single_master, initial_master)
+    assert_same_update(checkpoint_master(tmp_path / "ranks" / "checkpoint"), single_master, initial_master)
     assert summary["ranks"] == world
     run = load_run(tmp_path / "ranks")  # what slidedp report reads: every rank's trace and exposure
     assert sorted(run.trace["rank"].unique()) == list(range(world)) and len(run.exposure) == world

@@ -4,7 +4,6 @@ a rank killed on one host ends both launches."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import socket
@@ -15,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from slidedp.runtime.shared_dir import PREFIX
 from tests.builders import TINY
-from tests.runtime.helpers import run_cli_train
+from tests.runtime.helpers import checkpoint_master, run_cli_train, run_losses
 
 COMMON = ("--device", "cpu", "--log", "none", "--max-grad-norm", "0.05", "--lr", "3e-3", "--total-steps", "3")
 
@@ -53,13 +51,6 @@ def _two_hosts(tmp_path: Path, out: Path, *extra: str, env: dict | None = None) 
     return results
 
 
-def _losses(out: Path) -> list[float]:
-    with open(out / "metrics.csv") as fh:
-        return [float(row["loss"]) for row in csv.DictReader(fh)]
-
-
-def _master(ckpt: Path) -> torch.Tensor:
-    return load_file(str(ckpt / "state.safetensors"))["master"]
 
 
 @pytest.mark.slow
@@ -78,12 +69,12 @@ def test_two_sharded_hosts_match_one_process_and_resume_their_shares(tmp_path):
     for r in resumed:
         assert r.returncode == 0, r.stderr[-3000:]
     # Losses of all three steps (two, then one after the resume) as one process had them, at fp32 tolerance.
-    assert _losses(tmp_path / "two") == pytest.approx(_losses(tmp_path / "one"), rel=1e-4, abs=1e-5)
+    assert run_losses(tmp_path / "two") == pytest.approx(run_losses(tmp_path / "one"), rel=1e-4, abs=1e-5)
     # Each host's share holds half of the master weights; together they are one process's, exactly placed.
     shares = [json.loads((ckpt / f"host{h}-of-2" / "meta.json").read_text()) for h in (0, 1)]
     assert [m["host"] for m in shares] == [0, 1] and all(m["data_step"] == 3 for m in shares)
-    parts = [_master(ckpt / f"host{h}-of-2") for h in (0, 1)]
-    full = _master(tmp_path / "one" / "checkpoint")
+    parts = [checkpoint_master(ckpt / f"host{h}-of-2") for h in (0, 1)]
+    full = checkpoint_master(tmp_path / "one" / "checkpoint")
     assert parts[0].numel() + parts[1].numel() == full.numel() and abs(parts[0].numel() - parts[1].numel()) < 100
     from slidedp.routes import Routes
     from slidedp.runtime.chunks import ChunkTable
