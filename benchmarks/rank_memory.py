@@ -18,10 +18,9 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import append_jsonl, exit_code, train_run
+from slidedp.hardware import GIB
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
-
-GIB = 1024 ** 3
 
 
 def measure(model: str, ranks: int, seq: int, batch: int, steps: int, device: str, out: Path) -> dict:

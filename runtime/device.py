@@ -11,6 +11,8 @@ from collections.abc import Iterator, MutableMapping
 
 import torch
 
+from slidedp.hardware import GIB
+
 ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 EXPANDABLE_SEGMENTS = "expandable_segments:True"
 
@@ -43,7 +45,7 @@ def cuda_memory_gib(name: str) -> float | None:
         raise SlideDPError(f"--device {name!r}: expected auto, cpu, cuda or cuda:N") from None
     if not 0 <= index < torch.cuda.device_count():
         raise SlideDPError(f"--device {name}: this machine has {torch.cuda.device_count()} visible GPU(s)")
-    return torch.cuda.get_device_properties(index).total_memory / 2**30
+    return torch.cuda.get_device_properties(index).total_memory / GIB
 
 
 def rank_gpu_gib(name: str, ranks_per_gpu: int = 1) -> float | None:
