@@ -22,6 +22,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from benchmarks.our_variants import VARIANT_SPACES
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GIB, HardwareProfile, load_hardware
 from slidedp.model_spec import load_model_spec
@@ -38,7 +39,7 @@ from slidedp.problem import resolve_budget
 from slidedp.report.peers import geomean, load_rows
 from slidedp.tune import TuneSpace, tune
 
-OURS = {"slidedp": TuneSpace(gpu_state=True), "slidedp-host": TuneSpace(gpu_state=False)}
+OURS = VARIANT_SPACES  # SlideDP as each variant peer_compare measures
 PEERS = ("zero2-offload", "slideformer", "megatrain")
 # An untimed pass -> the measured one it derives from: SlideFormer's kernel is DeepSpeed's code, modified;
 # MegaTrain's passes are DeepSpeedCPUAdam's and torch's clip on bf16 instead of fp32 tensors.

@@ -8,6 +8,8 @@ GPU or host memory):
                      hold leading units' optimizer state in spare GPU memory (Policy.gpu_state_units)
   slidedp-host       the same with every optimizer state on the host (`slidedp tune --no-gpu-state`): the
                      like-for-like setting against peers that offload the whole optimizer
+  slidedp-compact    slidedp-host in the compact bf16+int8 host state (`--state bf16+int8`), run through
+                     `slidedp train` per batch (the variants' search spaces: benchmarks/our_variants.py)
   fsdp2-offload      PyTorch FSDP2 `fully_shard` with CPUOffloadPolicy + bf16 MixedPrecisionPolicy, torch
                      AdamW on the CPU (fused kernel where DTensor allows it, foreach otherwise)
   deepspeed-offload  DeepSpeed ZeRO-2 with offload_optimizer cpu (DeepSpeedCPUAdam), bf16

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import log, model_label
+from benchmarks.our_variants import VARIANT_SPACES, variant_space
 from benchmarks.peer_external import EXTERNAL, run_external_peer
 from benchmarks.peer_setup import (
     BETAS,
@@ -162,17 +163,12 @@ def run_deepspeed_offload(args, emit) -> None:
                  clock=clock)
 
 
-def slidedp_space(host_state_only: bool):
-    """The tuner's search space: everything, or all optimizer state kept on the host (gpu_state_units = 0),
-    the like-for-like setting against peers that offload the whole optimizer."""
-    from slidedp.tune import TuneSpace
-
-    return TuneSpace(gpu_state=not host_state_only)
-
-
-def run_slidedp(args, emit, host_state_only: bool = False) -> None:
-    if args.gpus > 1:
-        run_slidedp_ranks(args, emit, host_state_only)
+def run_slidedp(args, emit, system: str = "slidedp") -> None:
+    """One GPU, exact state: the streaming runtime in this process on one pinned fp32 host state reused by
+    every batch. Several GPUs, or a compact state (its host state is allocated by `slidedp train`): one
+    `slidedp train` run per batch."""
+    if args.gpus > 1 or variant_space(system).states != ("fp32",):
+        run_slidedp_train(args, emit, system)
         return
     import torch
 
@@ -182,7 +178,6 @@ def run_slidedp(args, emit, host_state_only: bool = False) -> None:
     from slidedp.runtime.device import Device, cuda_memory_gib
     from slidedp.tune import tune
 
-    system = "slidedp-host" if host_state_only else "slidedp"
     hw = load_hardware(args.profile)
     budget = resolve_budget(hw, args.slidedp_gpu_budget, hw.host.memory_gib, cuda_memory_gib(args.device))
     sm = StreamingModel.open(args.model, Device(args.device), log)
@@ -193,7 +188,7 @@ def run_slidedp(args, emit, host_state_only: bool = False) -> None:
         row, oom = None, []
         for attempt in range(3):
             plan_budget = replace(budget, gpu_bytes=budget.gpu_bytes * 0.85 ** attempt)
-            tuned = tune(sm.spec, hw, args.seq, batch, plan_budget, slidedp_space(host_state_only), refine_top=4)
+            tuned = tune(sm.spec, hw, args.seq, batch, plan_budget, variant_space(system), refine_top=4)
             try:
                 row, trace = measure_policy(sm, hw, tuned.best.policy, args.seq, batch, args.steps)
                 break
@@ -210,15 +205,21 @@ def run_slidedp(args, emit, host_state_only: bool = False) -> None:
             break
         row.update(system=system, predicted_gpu_peak_gib=tuned.best.memory.gpu_peak / GIB,
                    planned_gpu_budget_gib=plan_budget.gpu_bytes / GIB, oom_retries=oom,
-                   optimizer="SlideDP one-pass CPU AdamW" + ("" if host_state_only else " + GPU AdamW for held units"))
+                   optimizer=_optimizer_label(tuned.best.policy))
         save_run_dir(runs, f"{model_label(args.model)}-s{args.seq}-b{batch}-{system}", row, trace, sm.spec)
         emit(row)
     sm.close()
 
 
-def run_slidedp_ranks(args, emit, host_state_only: bool = False) -> None:
-    """Several GPUs: `slidedp train --nproc N` per batch (one shared host state for all ranks), with the
-    policy `slidedp tune` picks for N GPUs; the row comes from the run directory's summary."""
+def _optimizer_label(policy) -> str:
+    """What updates the weights under ``policy``: the row's ``optimizer`` field."""
+    held = " + GPU AdamW for held units" if policy.gpu_state_units else ""
+    return f"SlideDP one-pass CPU AdamW, {policy.state} host state{held}"
+
+
+def run_slidedp_train(args, emit, system: str) -> None:
+    """`slidedp train --nproc N` per batch (one shared host state for all ranks), with the policy `slidedp
+    tune` picks for N GPUs in ``system``'s search space; the row comes from the run directory's summary."""
     from benchmarks.common import train_run
     from slidedp.hardware import load_hardware
     from slidedp.model_spec import load_model_spec
@@ -229,14 +230,13 @@ def run_slidedp_ranks(args, emit, host_state_only: bool = False) -> None:
     hw = load_hardware(args.profile).with_gpus(args.gpus)
     spec = load_model_spec(args.model)
     budget = resolve_budget(hw, args.slidedp_gpu_budget, hw.host.memory_gib, cuda_memory_gib(args.device))
-    system = "slidedp-host" if host_state_only else "slidedp"
     runs = Path(args.out) / "slidedp_runs"
     runs.mkdir(parents=True, exist_ok=True)
     for batch in args.batches:
         base = {"system": system, "model": args.model, "seq": args.seq, "batch": batch,
                 "tokens_per_step": batch * args.seq, "gpus": args.gpus}
         try:
-            policy = tune(spec, hw, args.seq, batch, budget, slidedp_space(host_state_only), refine_top=2).best.policy
+            policy = tune(spec, hw, args.seq, batch, budget, variant_space(system), refine_top=2).best.policy
         except Exception as exc:  # noqa: BLE001 - a batch that does not divide or fit is a row, not a crash
             emit({**base, "status": f"not tuned ({str(exc).splitlines()[0][:160]})"})
             continue
@@ -255,10 +255,10 @@ def run_slidedp_ranks(args, emit, host_state_only: bool = False) -> None:
               "limiter": s.limiter, "predicted_step_time_s": s.predicted_step_time_s,
               "predicted_limiter": s.predicted_limiter if "predicted_limiter" in s.given else "",
               "final_loss": s.final_loss,
-              "optimizer": "SlideDP one-pass CPU AdamW"})
+              "optimizer": _optimizer_label(policy)})
 
 
-WORKERS = {"slidedp": run_slidedp, "slidedp-host": lambda args, emit: run_slidedp(args, emit, host_state_only=True),
+WORKERS = {**{name: (lambda args, emit, name=name: run_slidedp(args, emit, name)) for name in VARIANT_SPACES},
            "fsdp2-offload": run_fsdp2_offload, "deepspeed-offload": run_deepspeed_offload,
            "resident": run_resident,
            # Other projects' programs, run from the ignored .peers folder (benchmarks.peer_external).

@@ -32,13 +32,16 @@ def test_peers_chunked_loss_equals_full_cross_entropy():
 @pytest.mark.slow
 def test_peer_compare_runs_every_cpu_capable_system(tmp_path, tiny_config):
     out = tmp_path / "peers"
+    systems = ("slidedp", "slidedp-host", "slidedp-compact", "fsdp2-offload", "resident")
     bench("peer_compare", "--model", tiny_config, "--seq", "16", "--batches", "1", "2", "--steps", "2", "--device",
-          "cpu", "--systems", "slidedp", "slidedp-host", "fsdp2-offload", "resident", "--out", out)
+          "cpu", "--systems", *systems, "--out", out)
     rows = load_rows(out)
-    assert {(r["system"], r["batch"], r["status"]) for r in rows} == {
-        (s, b, "ok") for s in ("slidedp", "slidedp-host", "fsdp2-offload", "resident") for b in (1, 2)}
-    held = {r["system"]: r["policy"]["gpu_state_units"] for r in rows if r["batch"] == 1 and "policy" in r}
+    assert {(r["system"], r["batch"], r["status"]) for r in rows} == {(s, b, "ok") for s in systems for b in (1, 2)}
+    policies = {r["system"]: r["policy"] for r in rows if r["batch"] == 1 and "policy" in r}
+    held = {system: policy["gpu_state_units"] for system, policy in policies.items()}
     assert held["slidedp-host"] == 0 and held["slidedp"] > 0  # a tiny model: the tuner holds units on the GPU
+    assert held["slidedp-compact"] == 0 and policies["slidedp-compact"]["state"] == "bf16+int8"
+    assert policies["slidedp-host"]["state"] == "fp32"
     losses = {r["system"]: r["final_loss"] for r in rows if r["batch"] == 1}
     # Same model init, data and optimizer: after two steps every system reports a loss near ln(vocab).
     assert all(abs(v - math.log(97)) < 0.5 for v in losses.values()), losses
