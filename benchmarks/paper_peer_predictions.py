@@ -153,6 +153,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen3-4b")
     p.add_argument("--hardware", default="h200-x1")
+    p.add_argument("--gpu-from", metavar="PROFILE",
+                   help="predict for --hardware's host with this profile's GPU (e.g. h100-sxm-x1: the H100 that "
+                        "came on the H200's host type)")
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     p.add_argument("--measured", type=Path, nargs="*", help="peer_compare output folders to compare with")
@@ -162,7 +165,10 @@ def main() -> int:
     if args.measured is not None:
         rows = [r for folder in args.measured for r in load_rows(folder)]
         measured = measured_steps(rows, args.model, args.seq)
-    pred = predictions(args.model, load_hardware(args.hardware), args.seq, args.batches)
+    hw = load_hardware(args.hardware)
+    if args.gpu_from:
+        hw = hw.with_gpu_of(load_hardware(args.gpu_from))
+    pred = predictions(args.model, hw, args.seq, args.batches)
     text = markdown(pred, args.batches, measured)
     print(text, end="")
     if args.out:

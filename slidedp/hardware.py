@@ -317,6 +317,13 @@ class HardwareProfile:
         return HardwareProfile(f"{self.name}@{num_gpus}", num_gpus, self.gpu, self.host, self.link,
                                switches, self.notes, self.network)
 
+    def with_gpu_of(self, other: HardwareProfile) -> HardwareProfile:
+        """This host (its CPU, DRAM, update rates and links) with ``other``'s GPU: the machine a run had when
+        the lent host type came with a different card than the profile was measured with (an H100 on the
+        H200's host type). The GPU memory, PCIe rates and compute curves all come from ``other``."""
+        return HardwareProfile(f"{self.name}+{other.name}-gpu", self.num_gpus, other.gpu, self.host, self.link,
+                               self.switches, self.notes, self.network)
+
     def to_dict(self) -> dict:
         return to_mapping(self)
 
