@@ -366,3 +366,27 @@ def test_a_peers_private_wheels_are_installed_in_its_folder_and_seen_first_by_it
     assert [c[-1] for c in cmds] == ["liger-kernel==0.7.0", "transformers==5.5.4", "tokenizers==0.22.2"]
     private = str(tmp_path / "p/slideformer/wheels")
     assert [c[c.index("-d") + 1] for c in cmds] == [str(tmp_path / "whl"), private, private]
+
+
+def test_the_compact_variant_is_predicted_host_only_in_bf16_int8_and_with_another_profiles_gpu(tiny_config):
+    """SlideDP's variants are the names the report reads (slidedp.report.peers.OURS), one search space each; the
+    compact one plans every optimizer state on the host in bf16+int8. `--gpu-from` keeps the host and swaps the
+    GPU (memory, PCIe and compute curves) for another profile's."""
+    from benchmarks.our_variants import VARIANT_SPACES
+    from benchmarks.paper_peer_predictions import predict_ours
+    from slidedp.hardware import load_hardware
+    from slidedp.model_spec import load_model_spec
+    from slidedp.report.peers import OURS
+
+    assert tuple(VARIANT_SPACES) == OURS
+    h200 = load_hardware("h200-x1")
+    h100 = load_hardware("h100-sxm-x1")
+    mixed = h200.with_gpu_of(h100)
+    assert mixed.gpu == h100.gpu and mixed.host == h200.host and mixed.link == h200.link
+    assert mixed.name == "h200-x1+h100-sxm-x1-gpu" and mixed.num_gpus == h200.num_gpus
+    model = load_model_spec(str(tiny_config))
+    compact = predict_ours(model, h200, 64, 2, VARIANT_SPACES["slidedp-compact"])
+    exact = predict_ours(model, h200, 64, 2, VARIANT_SPACES["slidedp-host"])
+    assert compact["status"] == exact["status"] == "ok"
+    assert compact["note"] == exact["note"] == "gpu_state_units=0"
+    assert compact["host_gib"] < 0.5 * exact["host_gib"]  # ~6 against 14 bytes per parameter
