@@ -26,8 +26,7 @@ from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
 from slidedp.report.rundir import load_run
 from slidedp.sim import simulate
-from slidedp.units import build_units
-from slidedp.workload import StepWorkload
+from slidedp.workload import StepWorkload, policy_units
 
 
 @dataclass
@@ -286,8 +285,7 @@ def _layer_seconds(records: list[RunRecord], gpu) -> tuple[float, float]:
     """Predicted (with ``gpu``) and measured fwd + bwd seconds of the decoder layers over all runs."""
     predicted = measured = 0.0
     for r in records:
-        units = build_units(r.spec, gpu, r.policy.activation, r.policy.micro_batch, r.policy.accumulation, r.seq,
-                            r.policy.loss_chunk_tokens, r.policy.seq_tile_tokens, r.attention_span)
+        units = policy_units(r.spec, gpu, r.policy, r.seq, r.attention_span)
         layers = r.trace[r.trace.op.isin(["fwd", "bwd"]) & (r.trace.unit >= 1) & (r.trace.unit <= r.spec.layers)]
         if layers.empty:
             continue

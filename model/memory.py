@@ -77,7 +77,8 @@ def _window_max(values: list[float], depth: int) -> float:
 def activation_bytes(w: StepWorkload) -> float:
     """GPU bytes of the activations one rank holds at the start of backward under the policy's activation mode:
     every layer's kept activations (``keep``), the per-layer checkpoints plus one layer's working set
-    (``recompute``), or the checkpoints of the prefetch window plus one working set (``offload``). A layer's
+    (``recompute``; its Policy.kept_layers hold their graphs instead of checkpoints), or the checkpoints of the
+    prefetch window plus one working set (``offload``). A layer's
     working set and kept bytes are bounded by the sequence tile when Policy.seq_tile_tokens is set
     (ModelSpec.layer_working_bytes). Shared with the peers' memory models (slidedp.peers), which all recompute
     per decoder layer."""
@@ -90,8 +91,16 @@ def activation_bytes(w: StepWorkload) -> float:
         rerun = m.tile_activation_bytes_per_token() * min(tile, w.tokens_per_micro_batch) if tile > 0 else 0.0
         return m.layers * m.layer_kept_bytes(w.tokens_per_rank, tile) + ckpt + rerun
     if pol.activation == "recompute":
-        return (m.layers + 1) * ckpt + working
+        return (m.layers + 1) * ckpt + working + pol.kept_layers * kept_layer_bytes(w)
     return (pol.prefetch_depth + 1) * ckpt + working
+
+
+def kept_layer_bytes(w: StepWorkload) -> float:
+    """GPU bytes each of Policy.kept_layers adds under ``recompute``: its kept graph in place of its checkpoint.
+    The GPU peak grows by exactly this per kept layer, which is how the tuner sizes kept_layers in one step."""
+    m = w.model
+    return m.layer_kept_bytes(w.tokens_per_rank, w.policy.seq_tile_tokens) - m.checkpoint_bytes_per_token() * \
+        w.tokens_per_rank
 
 
 def loss_bytes(w: StepWorkload) -> float:

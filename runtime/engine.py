@@ -166,7 +166,7 @@ class StreamingEngine:
             use_packed_attention(adapter.skeleton.config)
         check_gpu_state_units(pol.gpu_state_units, len(self.units))
         self._work = unit_work(spec, pol.activation, pol.micro_batch, pol.accumulation, config.seq,
-                               pol.loss_chunk_tokens, pol.seq_tile_tokens)
+                               pol.loss_chunk_tokens, pol.seq_tile_tokens, kept_layers=pol.kept_layers)
         # Units that stay on the GPU from forward into backward (the rule the simulator's schedule uses).
         self._resident = (True,) * len(self.units) if resident else \
             resident_in_backward(self._work, pol.prefetch_depth, pol.gpu_state_units)
@@ -349,8 +349,13 @@ class StreamingEngine:
         return run_layer(self.adapter.layer_module(du.layout), params, x, attn.layer_kwargs(),
                          self.policy.seq_tile_tokens)
 
+    def _keeps_graph(self, u: int) -> bool:
+        """Whether layer ``u`` keeps its forward graph for backward (activation keep, or one of the kept layers
+        under recompute) rather than rerunning its forward: slidedp.units.unit_work decides, for every model."""
+        return not self._work[u].recompute
+
     def _layer_forward(self, st: _Step, u: int, du: DeviceUnit) -> list[torch.Tensor]:
-        if self.policy.activation != "keep":
+        if not self._keeps_graph(u):
             with torch.no_grad():
                 return [self._layer(du, x, a, du.params(False)) for x, a in zip(st.ckpt[u], st.attn, strict=True)]
         du.leaves = du.params(True)
@@ -394,7 +399,7 @@ class StreamingEngine:
 
     def _layer_backward(self, st: _Step, u: int, du: DeviceUnit) -> torch.Tensor:
         """Recompute (or replay the kept graph) per micro-batch; fp32 parameter gradients summed over them."""
-        keep = self.policy.activation == "keep"
+        keep = self._keeps_graph(u)
         gflat = torch.zeros(self.units[u].numel, dtype=torch.float32, device=self.device.torch_device)
         params = du.leaves if keep else du.params(True)
         new_grad_out = []

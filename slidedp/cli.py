@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="training will not clip the global gradient norm (allows the as_ready schedule)")
     tune.add_argument("--no-gpu-state", action="store_true",
                       help="keep all optimizer state on the host (do not try policy.gpu_state_units)")
+    tune.add_argument("--no-kept-layers", action="store_true",
+                      help="recompute every layer under activation recompute (do not try policy.kept_layers)")
     tune.add_argument("--seq-tiles", type=non_negative_int, nargs="+", metavar="TOKENS",
                       help="sequence tiles (policy.seq_tile_tokens) to try when no untiled policy fits "
                            "(default 4096, 8192, ... below a micro-batch's tokens; 0: never tile)")

@@ -60,6 +60,10 @@ class Policy:
         CPU update (gradients all-reduced across hosts); ``sharded`` = each host keeps master and moments of
         1/H of the parameters (gradients reduce-scattered across hosts, new bf16 weights all-gathered).
         Irrelevant on one host.
+    kept_layers: with ``activation: recompute``, the last k decoder layers keep their forward graphs instead
+        of recomputing them in backward (k x a layer's activations of GPU memory for k forward passes less
+        compute). Where keeping every layer does not fit but memory is left after the checkpoints, this
+        spends it on compute, which is what bounds a host-state step at medium batches.
     """
 
     param_route: ParamRoute = "sharded"
@@ -77,6 +81,7 @@ class Policy:
     state: str = "fp32"
     seq_tile_tokens: int = 0
     host_layout: HostLayout = "replicated"
+    kept_layers: int = 0
 
     def __post_init__(self) -> None:
         for name in ("chunks_per_layer", "prefetch_depth", "micro_batch", "accumulation", "loss_chunk_tokens"):
@@ -89,6 +94,12 @@ class Policy:
         if not isinstance(self.seq_tile_tokens, int) or isinstance(self.seq_tile_tokens, bool) \
                 or self.seq_tile_tokens < 0:
             raise SlideDPError(f"policy.seq_tile_tokens must be a non-negative integer, got {self.seq_tile_tokens!r}")
+        if not isinstance(self.kept_layers, int) or isinstance(self.kept_layers, bool) or self.kept_layers < 0:
+            raise SlideDPError(f"policy.kept_layers must be a non-negative integer, got {self.kept_layers!r}")
+        if self.kept_layers and self.activation != "recompute":
+            raise SlideDPError(f"policy.kept_layers {self.kept_layers} needs activation recompute (with "
+                               f"{self.activation!r} every layer's activations are already "
+                               f"{'kept' if self.activation == 'keep' else 'offloaded'})")
         if self.adam_threads is not None and self.adam_threads < 1:
             raise SlideDPError(f"policy.adam_threads must be a positive integer, got {self.adam_threads!r}")
         for name, allowed in (("param_route", PARAM_ROUTES), ("grad_route", GRAD_ROUTES),

@@ -17,7 +17,7 @@ import pandas as pd
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GIB, HardwareProfile
 from slidedp.model import estimate_memory, estimate_step
-from slidedp.model.memory import MemoryEstimate
+from slidedp.model.memory import MemoryEstimate, kept_layer_bytes
 from slidedp.model.step_model import StepEstimate
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import ACTIVATION_POLICIES, GRAD_ROUTES, HOST_LAYOUTS, PARAM_ROUTES, UPDATE_SCHEDULES, Policy
@@ -25,8 +25,8 @@ from slidedp.problem import Budget
 from slidedp.sim import SimResult, simulate
 from slidedp.state_choice import StateChoice, choose_state, measured_states
 from slidedp.trace import EXPOSURE_CATEGORIES
-from slidedp.units import Unit, build_units
-from slidedp.workload import StepWorkload, unit_inputs
+from slidedp.units import Unit
+from slidedp.workload import StepWorkload, policy_units, unit_inputs
 
 Progress = Callable[[int, int], None]
 
@@ -58,6 +58,9 @@ class TuneSpace:
     states: tuple[str, ...] = ("fp32",)
     # Across hosts (tune(..., hosts > 1)): keep the whole state on every host, or 1/H of it on each.
     host_layouts: tuple[str, ...] = HOST_LAYOUTS
+    # Also try each recompute policy with as many of the last layers keeping their graphs as the budget leaves
+    # room for (Policy.kept_layers): GPU memory spent on skipping recompute.
+    kept_layers: bool = True
 
 
 @dataclass
@@ -154,6 +157,15 @@ def most_gpu_state_units(model: ModelSpec, hw: HardwareProfile, policy: Policy, 
     return best
 
 
+def most_kept_layers(w: StepWorkload, peak: float, gpu_budget: float) -> int:
+    """The largest Policy.kept_layers (0 to the model's layers) that fits ``gpu_budget``, for the workload ``w``
+    of a recompute policy with none kept whose GPU peak is ``peak``: each kept layer adds kept_layer_bytes."""
+    per_layer = kept_layer_bytes(w)
+    if per_layer <= 0:
+        return w.model.layers
+    return max(0, min(w.model.layers, int((gpu_budget - peak) // per_layer)))
+
+
 def seq_tile_candidates(space: TuneSpace, tokens_per_micro_batch: int) -> tuple[int, ...]:
     """The sequence tiles to try for a policy whose untiled layers do not fit, largest first."""
     if space.seq_tiles is not None:
@@ -184,13 +196,18 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
     smallest_policy: Policy | None = None
     total = len(policies) + refine_top
 
-    def fits(policy: Policy) -> bool:
-        """Add ``policy`` (and its GPU-state variant) to the feasible ones if it fits; track the smallest."""
-        nonlocal smallest_gpu, smallest_host, smallest_policy
+    def units_of(policy: Policy) -> tuple[Unit, ...]:
         key = unit_inputs(policy)
         if key not in units_cache:
-            units_cache[key] = build_units(model, hw.gpu, *key[:3], seq, *key[3:], attention_span=attention_span)
-        w = StepWorkload(model, hw, policy, seq, global_batch, units=units_cache[key], hosts=hosts,
+            units_cache[key] = policy_units(model, hw.gpu, policy, seq, attention_span)
+        return units_cache[key]
+
+    def fits(policy: Policy) -> bool:
+        """Add ``policy`` (and its GPU-state and kept-layers variants) to the feasible ones if it fits; track
+        the smallest."""
+        nonlocal smallest_gpu, smallest_host, smallest_policy
+        units = units_of(policy)
+        w = StepWorkload(model, hw, policy, seq, global_batch, units=units, hosts=hosts,
                          attention_span=attention_span)
         mem = estimate_memory(w)
         smallest_host = min(smallest_host, mem.host_total)
@@ -201,12 +218,20 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
         workloads[id(policy)] = w
         feasible.append(Candidate(policy, estimate_step(w, with_memory=False), mem))
         # The sharded host layout keeps each host's share of the master only: no GPU-held units (runtime).
-        held = (most_gpu_state_units(model, hw, policy, seq, global_batch, units_cache[key], budget.gpu_bytes,
+        held = (most_gpu_state_units(model, hw, policy, seq, global_batch, units, budget.gpu_bytes,
                                      hosts, attention_span) if space.gpu_state and not w.routes.shards_hosts else None)
         if held is not None:
             w_held, mem_held = held
             workloads[id(w_held.policy)] = w_held
             feasible.append(Candidate(w_held.policy, estimate_step(w_held, with_memory=False), mem_held))
+        kept = (most_kept_layers(w, mem.gpu_peak, budget.gpu_bytes)
+                if space.kept_layers and policy.activation == "recompute" and not policy.kept_layers else 0)
+        if kept:
+            kept_policy = policy.with_(kept_layers=kept)
+            w_kept = StepWorkload(model, hw, kept_policy, seq, global_batch, units=units_of(kept_policy),
+                                  hosts=hosts, attention_span=attention_span)
+            workloads[id(kept_policy)] = w_kept
+            feasible.append(Candidate(kept_policy, estimate_step(w_kept, with_memory=False), estimate_memory(w_kept)))
         return True
 
     for i, policy in enumerate(policies):

@@ -11,7 +11,7 @@ step in layer-major order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slidedp.compute import ComputeOp, backward_ops, gradient_ops
 from slidedp.errors import SlideDPError
@@ -104,13 +104,19 @@ def attention_span(lengths: list[int] | tuple[int, ...]) -> float:
 
 def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int, seq: int,
               loss_chunk_tokens: int = 4096, seq_tile_tokens: int = 0,
-              attention_span: float | None = None, attention: str = "sdpa") -> tuple[UnitWork, ...]:
+              attention_span: float | None = None, attention: str = "sdpa",
+              kept_layers: int = 0) -> tuple[UnitWork, ...]:
     """The units of ``m`` with their work for one activation policy, micro-batching and sequence tile.
+    ``kept_layers``: under ``recompute``, the last k decoder layers keep their graphs (Policy.kept_layers): the
+    one rule of which layers recompute, followed by the runtime (UnitWork.recompute) and the models alike.
     ``attention_span``: packed rows whose attention stays inside each example (the varlen kernel), priced by the
     examples' token-weighted mean length (:func:`attention_span`); None: every row is one causal sequence.
     ``attention``: the kernel (ModelSpec.layer_forward_ops); eager computes the masked half of the scores too."""
     mb_tokens = seq * micro_batch
     recompute = activation in RECOMPUTING_ACTIVATIONS
+    if kept_layers > m.layers:
+        raise SlideDPError(f"policy.kept_layers {kept_layers} exceeds the model's {m.layers} decoder layers")
+    first_kept = m.layers - kept_layers
     lin = m.layer_linear_flops_per_token() * mb_tokens
     attn = m.layer_attention_flops_per_token(seq, attention_span, attention) * mb_tokens
     ckpt = (m.checkpoint_bytes_per_token() * mb_tokens * accumulation) if activation == "offload" else 0.0
@@ -124,9 +130,10 @@ def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int
     tile_flops = sum(op.flops for op in tile_ops)
     layer_grads = tuple(gradient_ops(m.layer_params, m.layer_tensors, accumulation))
     for i in range(m.layers):
+        reruns = recompute and i < first_kept
         units.append(UnitWork(i + 1, f"layer{i}", "layer", m.layer_params, lin, attn, mb_tokens, accumulation,
-                              recompute, ckpt, tile_flops=tile_flops, fwd_ops=layer_fwd, bwd_ops=layer_bwd,
-                              recompute_ops=(layer_fwd if recompute else ()) + tile_ops, step_ops=layer_grads))
+                              reruns, ckpt, tile_flops=tile_flops, fwd_ops=layer_fwd, bwd_ops=layer_bwd,
+                              recompute_ops=(layer_fwd if reruns else ()) + tile_ops, step_ops=layer_grads))
     # FLOPs as the layer-level model counts the chunked loss (backward = 2x + a recomputed forward); the op
     # list follows the runtime, which makes, uses and differentiates each logits chunk once.
     head_fwd, head_bwd = m.head_ops(mb_tokens, loss_chunk_tokens)
@@ -177,13 +184,25 @@ def _time_ops(work: UnitWork, gpu: GPUSpec) -> Unit:
 
 def build_units(m: ModelSpec, gpu: GPUSpec, activation: str, micro_batch: int, accumulation: int,
                 seq: int, loss_chunk_tokens: int = 4096, seq_tile_tokens: int = 0,
-                attention_span: float | None = None, attention: str = "sdpa") -> tuple[Unit, ...]:
+                attention_span: float | None = None, attention: str = "sdpa", kept_layers: int = 0
+                ) -> tuple[Unit, ...]:
     """Streamed units with per-rank step times and FLOPs for one micro-batching and activation policy.
 
-    Separate from StepWorkload so a tuner can reuse units across policies that share these inputs.
+    Separate from StepWorkload so a tuner can reuse units across policies that share these inputs. The decoder
+    layers of one model do the same work except whether they recompute (unit_work), so each kind of layer is
+    timed once and the others are copies of it under their own index and name.
     """
-    return tuple(time_unit(w, gpu) for w in unit_work(m, activation, micro_batch, accumulation, seq,
-                                                      loss_chunk_tokens, seq_tile_tokens, attention_span, attention))
+    timed: dict[bool, Unit] = {}
+    units = []
+    for w in unit_work(m, activation, micro_batch, accumulation, seq, loss_chunk_tokens, seq_tile_tokens,
+                       attention_span, attention, kept_layers):
+        if w.kind != "layer":
+            units.append(time_unit(w, gpu))
+            continue
+        if w.recompute not in timed:
+            timed[w.recompute] = time_unit(w, gpu)
+        units.append(replace(timed[w.recompute], index=w.index, name=w.name))
+    return tuple(units)
 
 
 def check_gpu_state_units(count: int, num_units: int) -> None:

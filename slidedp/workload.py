@@ -12,7 +12,7 @@ from functools import cached_property
 
 from slidedp.compute import check_attention
 from slidedp.errors import SlideDPError
-from slidedp.hardware import GB, HardwareProfile
+from slidedp.hardware import GB, GPUSpec, HardwareProfile
 from slidedp.model_spec import BF16_BYTES, ModelSpec
 from slidedp.policy import Policy
 from slidedp.resources import CAST_HOST_BYTES, cast_host_bytes_per_param, update_host_bytes_per_param
@@ -37,10 +37,18 @@ def threads_for_this_machine(planned: int, cores: int, ranks_per_host: int) -> i
 
 
 def unit_inputs(policy: Policy) -> tuple:
-    """The policy fields build_units depends on, in its argument order around seq (activation, micro_batch,
-    accumulation | loss_chunk_tokens, seq_tile_tokens): a cache key for units."""
+    """The policy fields build_units depends on: a cache key for units (policy_units reads the same ones)."""
     return (policy.activation, policy.micro_batch, policy.accumulation, policy.loss_chunk_tokens,
-            policy.seq_tile_tokens)
+            policy.seq_tile_tokens, policy.kept_layers)
+
+
+def policy_units(model: ModelSpec, gpu: GPUSpec, policy: Policy, seq: int, attention_span: float | None = None,
+                 attention: str = "sdpa") -> tuple[Unit, ...]:
+    """build_units for the fields of ``policy`` it depends on (unit_inputs): the one place that maps a policy
+    to its units, for the workload, the tuner's cache and the calibration's refits."""
+    return build_units(model, gpu, policy.activation, policy.micro_batch, policy.accumulation, seq,
+                       policy.loss_chunk_tokens, policy.seq_tile_tokens, attention_span, attention,
+                       policy.kept_layers)
 
 
 class StepWorkload:
@@ -99,9 +107,7 @@ class StepWorkload:
     # ---- units ----------------------------------------------------------------------------------------------
     @cached_property
     def units(self) -> tuple[Unit, ...]:
-        pol = self.policy
-        return build_units(self.model, self.hw.gpu, pol.activation, pol.micro_batch, pol.accumulation, self.seq,
-                           pol.loss_chunk_tokens, pol.seq_tile_tokens, self.attention_span, self.attention)
+        return policy_units(self.model, self.hw.gpu, self.policy, self.seq, self.attention_span, self.attention)
 
     @property
     def num_units(self) -> int:

@@ -206,6 +206,7 @@ def _print_tables(s: RunSummary, result, est) -> None:
     p = s.policy
     console.print(f"policy: params {p['param_route']}, grads {p['grad_route']}, {p['chunks_per_layer']} chunks/layer, "
                   f"prefetch {p['prefetch_depth']}, activations {p['activation']}"
+                  + (f" (last {p['kept_layers']} layers kept)" if p.get("kept_layers") else "")
                   + (f" over sequence tiles of {p['seq_tile_tokens']} tokens" if p.get("seq_tile_tokens") else "")
                   + f", micro-batch {p['micro_batch']} x "
                   f"{p['accumulation']}, update {p['update_schedule']}"

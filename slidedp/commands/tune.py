@@ -34,6 +34,7 @@ def run_tune(args: argparse.Namespace) -> int:
     hosts = getattr(args, "hosts", 1)
     batch = global_batch_from(args, hw.num_gpus * hosts)
     space = TuneSpace(clipping=not args.no_clip, gpu_state=not args.no_gpu_state,
+                      kept_layers=not getattr(args, "no_kept_layers", False),
                       states=state_options(getattr(args, "state", "fp32")))
     if args.chunks:
         space = replace(space, chunks_per_layer=tuple(args.chunks))
@@ -66,6 +67,7 @@ _LEGEND = ("step s: simulated; * = analytical model only.  GiB: GPU peak.  held:
            "backward.  thr: CPU threads per rank.")
 _TILE_LEGEND = "tile: tokens per sequence tile of a layer's MLP (- untiled)."
 _STATE_LEGEND = "state: host optimizer state, master+moments (fp32: exact AdamW)."
+_KEPT_LEGEND = "rec+N: recompute, but the last N decoder layers keep their graphs."
 
 
 def _print(table, result, model: str, hardware: str, seq: int, batch: int, out: Path, ranked: Path, show: int):
@@ -77,7 +79,8 @@ def _print(table, result, model: str, hardware: str, seq: int, batch: int, out: 
     console.print(ranked_view(table.head(show)))
     shown = table.head(show)
     console.print(_LEGEND + ("\n" + _TILE_LEGEND if shown["seq_tile_tokens"].any() else "")
-                  + ("\n" + _STATE_LEGEND if (shown["state"] != "fp32").any() else ""), style="dim")
+                  + ("\n" + _STATE_LEGEND if (shown["state"] != "fp32").any() else "")
+                  + ("\n" + _KEPT_LEGEND if shown["kept_layers"].any() else ""), style="dim")
     best = result.workloads[id(result.best.policy)]
     choice = result.state_choice
     console.print(f"host state {best.state.name}: {result.best.memory.host_bytes_per_param:.2f} B/param, "
@@ -103,9 +106,14 @@ def ranked_view(rows: pd.DataFrame) -> Table:
         state = (row.state,) if compact else ()
         view.add_row(str(row.rank), step, f"{row.tokens_per_s / 1e3:,.1f}", row.limiter, f"{row.gpu_peak_gib:.1f}",
                      str(row.gpu_state_units), f"{_ROUTE[row.param_route]}/{_ROUTE[row.grad_route]}",
-                     f"{row.chunks_per_layer}/{row.prefetch_depth}", _ACTIVATION[row.activation], *tile, *state,
+                     f"{row.chunks_per_layer}/{row.prefetch_depth}", _activation(row), *tile, *state,
                      f"{row.micro_batch}×{row.accumulation}", _SCHEDULE[row.update_schedule], str(row.adam_threads))
     return view
+
+
+def _activation(row) -> str:
+    """The activation column: its short name, with the kept layers of a recompute policy (``rec+22``)."""
+    return _ACTIVATION[row.activation] + (f"+{row.kept_layers}" if row.kept_layers else "")
 
 
 def _seconds(s: float) -> str:

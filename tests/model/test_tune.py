@@ -14,7 +14,7 @@ from slidedp.workload import StepWorkload
 
 SMALL = TuneSpace(chunks_per_layer=(1, 4), prefetch_depths=(1, 2), activations=("recompute", "offload"),
                   micro_batches=(1, 2), update_schedules=("next_forward", "as_ready"), thread_fractions=(1.0,),
-                  clipping=False, gpu_state=False)
+                  clipping=False, gpu_state=False, kept_layers=False)  # brute force covers enumerate_policies
 
 
 @pytest.mark.parametrize("hardware, batch", [("h100-sxm-x4", 8), ("h200-x1", 4)])
