@@ -163,6 +163,17 @@ def run_deepspeed_offload(args, emit) -> None:
                  clock=clock)
 
 
+# Out of memory at the tuned policy (the memory model errs by up to ~20%): tune again for this fraction of the
+# budget, at most OOM_ATTEMPTS plans in all, and say so in the row. Both SlideDP drivers follow it.
+OOM_BUDGET_SHRINK = 0.85
+OOM_ATTEMPTS = 3
+
+
+def plan_budgets(budget):
+    """The budgets SlideDP is planned for, one per attempt: the budget, then OOM_BUDGET_SHRINK of the last."""
+    return [replace(budget, gpu_bytes=budget.gpu_bytes * OOM_BUDGET_SHRINK ** i) for i in range(OOM_ATTEMPTS)]
+
+
 def run_slidedp(args, emit, system: str = "slidedp") -> None:
     """One GPU, exact state: the streaming runtime in this process on one pinned fp32 host state reused by
     every batch. Several GPUs, or a compact state (its host state is allocated by `slidedp train`): one
@@ -183,11 +194,8 @@ def run_slidedp(args, emit, system: str = "slidedp") -> None:
     sm = StreamingModel.open(args.model, Device(args.device), log)
     runs = Path(args.out) / "slidedp_runs"
     for i, batch in enumerate(args.batches):
-        # Out of memory at the tuned policy (the memory model errs by up to ~20%): tune again for 85% of the
-        # budget, twice at most, and say so in the row.
         row, oom = None, []
-        for attempt in range(3):
-            plan_budget = replace(budget, gpu_bytes=budget.gpu_bytes * 0.85 ** attempt)
+        for plan_budget in plan_budgets(budget):  # again for less after running out of memory
             tuned = tune(sm.spec, hw, args.seq, batch, plan_budget, variant_space(system), refine_top=4)
             try:
                 row, trace = measure_policy(sm, hw, tuned.best.policy, args.seq, batch, args.steps)
@@ -221,7 +229,8 @@ def run_slidedp_train(args, emit, system: str) -> None:
     """`slidedp train --nproc N` per batch (one shared host state for all ranks), with the policy `slidedp
     tune` picks for N GPUs in ``system``'s search space; the row comes from the run directory's summary."""
     from benchmarks.common import train_run
-    from slidedp.hardware import load_hardware
+    from slidedp.errors import OutOfGpuMemory
+    from slidedp.hardware import GIB, load_hardware
     from slidedp.model_spec import load_model_spec
     from slidedp.problem import resolve_budget
     from slidedp.runtime.device import cuda_memory_gib
@@ -235,26 +244,35 @@ def run_slidedp_train(args, emit, system: str) -> None:
     for batch in args.batches:
         base = {"system": system, "model": args.model, "seq": args.seq, "batch": batch,
                 "tokens_per_step": batch * args.seq, "gpus": args.gpus}
-        try:
-            policy = tune(spec, hw, args.seq, batch, budget, variant_space(system), refine_top=2).best.policy
-        except Exception as exc:  # noqa: BLE001 - a batch that does not divide or fit is a row, not a crash
-            emit({**base, "status": f"not tuned ({str(exc).splitlines()[0][:160]})"})
-            continue
-        label = f"{model_label(args.model)}-s{args.seq}-b{batch}-g{args.gpus}-{system}"
-        policy_path = runs / f"{label}.yaml"
-        policy.save(policy_path)
-        code, s = train_run(args.model, args.seq, policy_path, args.steps, runs / label, batch=batch,
-                            nproc=args.gpus, hardware=args.profile,
-                            device="auto" if args.device.startswith("cuda") else "cpu")
-        if code != 0 or s is None:
-            emit({**base, "status": f"failed (exit {code})", "policy": policy.to_dict()})
+        oom: list[str] = []
+        for attempt, plan_budget in enumerate(plan_budgets(budget)):  # again for less after an out-of-memory
+            try:
+                policy = tune(spec, hw, args.seq, batch, plan_budget, variant_space(system), refine_top=2).best.policy
+            except Exception as exc:  # noqa: BLE001 - a batch that does not divide or fit is a row, not a crash
+                code, s, status = None, None, f"not tuned ({str(exc).splitlines()[0][:160]})"
+                break
+            label = f"{model_label(args.model)}-s{args.seq}-b{batch}-g{args.gpus}-{system}" + \
+                (f"-retry{attempt}" if attempt else "")  # a run directory of its own per attempt
+            policy_path = runs / f"{label}.yaml"
+            policy.save(policy_path)
+            code, s = train_run(args.model, args.seq, policy_path, args.steps, runs / label, batch=batch,
+                                nproc=args.gpus, hardware=args.profile,
+                                device="auto" if args.device.startswith("cuda") else "cpu")
+            status = "ok" if code == 0 and s is not None else f"failed (exit {code})"
+            if code != OutOfGpuMemory.exit_code:
+                break
+            oom.append(f"{plan_budget.gpu_bytes / GIB:.0f} GiB budget: out of GPU memory")
+            status = "oom"
+        if status != "ok":
+            emit({**base, "status": status, **({"error": " | ".join(oom)} if oom else {}),
+                  **({"policy": policy.to_dict()} if code is not None else {})})
             continue
         emit({**base, "status": "ok", "policy": s.policy, "step_time_s": s.step_time_s,
               "tokens_per_s": s.tokens_per_s, "model_tflops": s.model_tflops_per_gpu * args.gpus,
               "gpu_peak_gib": s.gpu_peak_gib or float("nan"), "host_rss_peak_gib": s.host_rss_peak_gib,
               "limiter": s.limiter, "predicted_step_time_s": s.predicted_step_time_s,
               "predicted_limiter": s.predicted_limiter if "predicted_limiter" in s.given else "",
-              "final_loss": s.final_loss,
+              "final_loss": s.final_loss, "planned_gpu_budget_gib": plan_budget.gpu_bytes / GIB, "oom_retries": oom,
               "optimizer": _optimizer_label(policy)})
 
 

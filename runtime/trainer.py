@@ -286,6 +286,14 @@ class Trainer:
         return checkpoint_files.share_dir(directory, self.host_index, self.spec.hosts)
 
     # ---- the run ----------------------------------------------------------------------------------------------
+    def out_of_memory_message(self, exc: BaseException) -> str:
+        """One line for a run whose plan did not fit the GPU after all: what the memory model predicted, the
+        budget it was planned in, what the allocator reported, and what to do."""
+        first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        return (f"out of GPU memory: the plan's predicted peak was {self.memory.gpu_peak / GIB:.1f} GiB of a "
+                f"{self.gpu_budget / GIB:.1f} GiB budget ({first}); plan for less, e.g. --policy auto "
+                f"--gpu-budget {0.85 * self.gpu_budget / GIB:.0f}, or a smaller micro-batch")
+
     def run(self) -> RunSummary:
         s = self.spec
         groups = self._init_distributed()

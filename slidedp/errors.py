@@ -15,3 +15,10 @@ class TrainingStopped(SlideDPError):
     """A run stopped on purpose (a non-finite gradient with --on-nonfinite stop)."""
 
     exit_code = 3
+
+
+class OutOfGpuMemory(SlideDPError):
+    """A run's plan did not fit the GPU after all (the memory model's estimate was low): one line naming the
+    predicted peak and the budget, and an exit code of its own, so a driver can plan again for less."""
+
+    exit_code = 4

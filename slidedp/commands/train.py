@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from slidedp.commands.train_args import build_train_spec
-from slidedp.errors import SlideDPError, TrainingStopped
+from slidedp.errors import OutOfGpuMemory, SlideDPError, TrainingStopped
 
 RANK_ARGV_ENV = "SLIDEDP_RANK_ARGV"
 # A private file in the run directory where a rank that stops on purpose (TrainingStopped) writes its exit code
@@ -166,6 +166,8 @@ def _record_stop(exc: TrainingStopped) -> bool:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    import torch
+
     from slidedp.runtime.device import prefer_expandable_segments
     from slidedp.runtime.trainer import Trainer
 
@@ -196,6 +198,8 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         with progress:
             summary = trainer.run()
+    except torch.OutOfMemoryError as exc:
+        raise OutOfGpuMemory(trainer.out_of_memory_message(exc)) from None
     except TrainingStopped as exc:
         if "WORLD_SIZE" in os.environ and _record_stop(exc):
             return exc.exit_code  # the launcher prints the reason once

@@ -242,3 +242,40 @@ def test_kernel_ab_times_two_builds_of_the_exact_update():
     bad = subprocess.run([sys.executable, "-m", "benchmarks.kernel_ab", str(build), "--state", "fp16+int8"],
                          capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_slidedp_train_driver_plans_again_for_less_after_running_out_of_gpu_memory(tmp_path, tiny_config, monkeypatch):
+    """`slidedp train` exiting with OutOfGpuMemory's code makes the driver tune again for 85% of the budget, into
+    a run directory of its own, and the row says which budgets ran out; any other failure is a row at once."""
+    from argparse import Namespace
+    from types import SimpleNamespace
+
+    import benchmarks.common
+    from benchmarks.peer_systems import OOM_BUDGET_SHRINK, run_slidedp_train
+    from slidedp.errors import OutOfGpuMemory
+
+    calls = []
+
+    def fake_train(model, seq, policy_path, steps, out, **kw):
+        calls.append(out.name)
+        if len(calls) == 1:
+            return OutOfGpuMemory.exit_code, None
+        return 0, SimpleNamespace(policy={"kept_layers": 0}, step_time_s=1.0, tokens_per_s=16.0,
+                                  model_tflops_per_gpu=1.0, gpu_peak_gib=1.0, host_rss_peak_gib=1.0, limiter="cpu",
+                                  predicted_step_time_s=1.1, predicted_limiter="cpu", given={"predicted_limiter"},
+                                  final_loss=4.0)
+
+    monkeypatch.setattr(benchmarks.common, "train_run", fake_train)
+    args = Namespace(profile="h200-x1", gpus=1, model=str(tiny_config), slidedp_gpu_budget=40.0, device="cpu",
+                     out=str(tmp_path), batches=[2], seq=16, steps=2)
+    rows = []
+    run_slidedp_train(args, rows.append, "slidedp-compact")
+    assert calls == ["tiny-s16-b2-g1-slidedp-compact", "tiny-s16-b2-g1-slidedp-compact-retry1"]
+    assert rows[0]["status"] == "ok" and rows[0]["oom_retries"] == ["40 GiB budget: out of GPU memory"]
+    assert rows[0]["planned_gpu_budget_gib"] == pytest.approx(40.0 * OOM_BUDGET_SHRINK)
+
+    calls.clear()
+    monkeypatch.setattr(benchmarks.common, "train_run", lambda *a, **kw: (calls.append(1), (1, None))[1])
+    rows.clear()
+    run_slidedp_train(args, rows.append, "slidedp-compact")
+    assert calls == [1] and rows[0]["status"] == "failed (exit 1)" and "error" not in rows[0]

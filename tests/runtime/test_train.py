@@ -154,3 +154,21 @@ def test_checkpoint_write_is_atomic(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     other = HostState.allocate(10, torch.float32, torch.float32, pin=False)
     assert other.load(Path(tmp_path / "ckpt"))["data_step"] == 2 and float(other.master[0]) == 2.0
+
+
+def test_out_of_gpu_memory_is_one_line_with_its_own_exit_code(tmp_path, model_json, text_file, capsys, monkeypatch):
+    """A plan that does not fit the GPU after all (the allocator raises mid-step) ends in one line naming the
+    predicted peak and the budget, and exit code 4, which drivers read to plan again for less."""
+    from slidedp.errors import OutOfGpuMemory
+    from slidedp.runtime.trainer import Trainer
+
+    def oom(self):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nmore detail")
+
+    monkeypatch.setattr(Trainer, "run", oom)
+    code = train(tmp_path, model_json, text_file, tmp_path / "run", "--steps", "1", "--no-checkpoint")
+    err = capsys.readouterr().err
+    assert code == OutOfGpuMemory.exit_code == 4
+    line = next(line for line in err.splitlines() if "out of GPU memory" in line)
+    assert "predicted peak" in line and "Tried to allocate 2.00 GiB" in line and "--gpu-budget" in line
+    assert "Traceback" not in err and "more detail" not in err

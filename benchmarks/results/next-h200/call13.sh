@@ -20,7 +20,8 @@ timeout $(left 470) python3 -m benchmarks.peer_compare --model qwen3-4b --seq 40
   --deadline $(left 465) --out $OUT/p16k > $OUT/c13.log 2>&1
 R=$OUT/p16k/slidedp_runs
 for b in 4 8; do
-  sed 's/^kept_layers: .*/kept_layers: 0/' $R/qwen3-4b-s4096-b$b-g1-slidedp-compact.yaml > /tmp/nokeep-b$b.yaml
+  P=$(ls -t $R/qwen3-4b-s4096-b$b-g1-slidedp-compact*.yaml | head -1)   # the last plan (after any retry)
+  sed 's/^kept_layers: .*/kept_layers: 0/' $P > /tmp/nokeep-b$b.yaml
   timeout $(left 585) python3 -m slidedp.cli train --model qwen3-4b --data synthetic --seq 4096 --batch $b \
     --policy /tmp/nokeep-b$b.yaml --steps 4 --hardware h200-x1 --device auto --no-checkpoint \
     --out $R/nokeep-b$b --log none >> $OUT/c13_ab.log 2>&1
