@@ -241,7 +241,7 @@ def run_slidedp_train(args, emit, system: str) -> None:
     budget = resolve_budget(hw, args.slidedp_gpu_budget, hw.host.memory_gib, cuda_memory_gib(args.device))
     runs = Path(args.out) / "slidedp_runs"
     runs.mkdir(parents=True, exist_ok=True)
-    for batch in args.batches:
+    for i, batch in enumerate(args.batches):
         base = {"system": system, "model": args.model, "seq": args.seq, "batch": batch,
                 "tokens_per_step": batch * args.seq, "gpus": args.gpus}
         oom: list[str] = []
@@ -249,7 +249,8 @@ def run_slidedp_train(args, emit, system: str) -> None:
             try:
                 policy = tune(spec, hw, args.seq, batch, plan_budget, variant_space(system), refine_top=2).best.policy
             except Exception as exc:  # noqa: BLE001 - a batch that does not divide or fit is a row, not a crash
-                code, s, status = None, None, f"not tuned ({str(exc).splitlines()[0][:160]})"
+                code, s = None, None
+                status = "oom" if oom else f"not tuned ({str(exc).splitlines()[0][:160]})"
                 break
             label = f"{model_label(args.model)}-s{args.seq}-b{batch}-g{args.gpus}-{system}" + \
                 (f"-retry{attempt}" if attempt else "")  # a run directory of its own per attempt
@@ -266,6 +267,11 @@ def run_slidedp_train(args, emit, system: str) -> None:
         if status != "ok":
             emit({**base, "status": status, **({"error": " | ".join(oom)} if oom else {}),
                   **({"policy": policy.to_dict()} if code is not None else {})})
+            if status == "oom":  # larger batches need more memory still: rows, not runs
+                for later in args.batches[i + 1:]:
+                    emit({**base, "batch": later, "tokens_per_step": later * args.seq,
+                          "status": "skipped (oom at smaller)"})
+                break
             continue
         emit({**base, "status": "ok", "policy": s.policy, "step_time_s": s.step_time_s,
               "tokens_per_s": s.tokens_per_s, "model_tflops": s.model_tflops_per_gpu * args.gpus,

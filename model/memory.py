@@ -77,8 +77,10 @@ def _window_max(values: list[float], depth: int) -> float:
 def activation_bytes(w: StepWorkload) -> float:
     """GPU bytes of the activations one rank holds at the start of backward under the policy's activation mode:
     every layer's kept activations (``keep``), the per-layer checkpoints plus one layer's working set
-    (``recompute``; its Policy.kept_layers hold their graphs instead of checkpoints), or the checkpoints of the
-    prefetch window plus one working set (``offload``). A layer's
+    (``recompute``; its Policy.kept_layers hold their graphs instead of checkpoints, and the working set stays
+    counted on top of them: a kept layer's backward allocates temporaries of about that size, so the count
+    errs high by at most one working set), or the checkpoints of the prefetch window plus one working set
+    (``offload``). A layer's
     working set and kept bytes are bounded by the sequence tile when Policy.seq_tile_tokens is set
     (ModelSpec.layer_working_bytes). Shared with the peers' memory models (slidedp.peers), which all recompute
     per decoder layer."""

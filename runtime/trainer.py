@@ -498,12 +498,15 @@ class Trainer:
         evals: list[tuple[int, float]] = []
         fault_rank, fault_step = os.environ.get("SLIDEDP_FAULT_RANK"), os.environ.get("SLIDEDP_FAULT_STEP")
         nan_step = os.environ.get("SLIDEDP_FAULT_NAN_STEP")  # fault injection: a NaN gradient at this step
+        oom_step = os.environ.get("SLIDEDP_FAULT_OOM_STEP")  # fault injection: the GPU allocator fails at this step
         times: list[float] = []
         last = None
         for step in range(start_step, start_step + s.steps):
             if fault_rank is not None and int(fault_rank) == comm.rank and int(fault_step) == step + 1:
                 os.kill(os.getpid(), signal.SIGKILL)  # fault injection for the failure tests: die mid-run
             engine.poison_next_gradient = nan_step is not None and int(nan_step) == step + 1
+            if oom_step is not None and int(oom_step) == step + 1:
+                raise torch.OutOfMemoryError(f"CUDA out of memory (fault injection at step {step + 1})")
             t0 = time.perf_counter()
             batch = self.data.batch(step)
             trained = batch.label_tokens()  # the loss is the mean over the global batch's trained tokens

@@ -94,12 +94,6 @@ class Policy:
         if not isinstance(self.seq_tile_tokens, int) or isinstance(self.seq_tile_tokens, bool) \
                 or self.seq_tile_tokens < 0:
             raise SlideDPError(f"policy.seq_tile_tokens must be a non-negative integer, got {self.seq_tile_tokens!r}")
-        if not isinstance(self.kept_layers, int) or isinstance(self.kept_layers, bool) or self.kept_layers < 0:
-            raise SlideDPError(f"policy.kept_layers must be a non-negative integer, got {self.kept_layers!r}")
-        if self.kept_layers and self.activation != "recompute":
-            raise SlideDPError(f"policy.kept_layers {self.kept_layers} needs activation recompute (with "
-                               f"{self.activation!r} every layer's activations are already "
-                               f"{'kept' if self.activation == 'keep' else 'offloaded'})")
         if self.adam_threads is not None and self.adam_threads < 1:
             raise SlideDPError(f"policy.adam_threads must be a positive integer, got {self.adam_threads!r}")
         for name, allowed in (("param_route", PARAM_ROUTES), ("grad_route", GRAD_ROUTES),
@@ -109,6 +103,12 @@ class Policy:
             if getattr(self, name) not in allowed:
                 raise SlideDPError(f"policy.{name} must be one of {', '.join(allowed)}, "
                                    f"got {getattr(self, name)!r}")
+        if not isinstance(self.kept_layers, int) or isinstance(self.kept_layers, bool) or self.kept_layers < 0:
+            raise SlideDPError(f"policy.kept_layers must be a non-negative integer, got {self.kept_layers!r}")
+        if self.kept_layers and self.activation != "recompute":
+            raise SlideDPError(f"policy.kept_layers {self.kept_layers} needs activation recompute (with "
+                               f"{self.activation!r} every layer's activations are already "
+                               f"{'kept' if self.activation == 'keep' else 'offloaded'})")
         object.__setattr__(self, "state", self.state_precision.name)  # one spelling: "fp32+fp32" -> "fp32"
 
     @property

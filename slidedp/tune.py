@@ -230,8 +230,10 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
             kept_policy = policy.with_(kept_layers=kept)
             w_kept = StepWorkload(model, hw, kept_policy, seq, global_batch, units=units_of(kept_policy),
                                   hosts=hosts, attention_span=attention_span)
-            workloads[id(kept_policy)] = w_kept
-            feasible.append(Candidate(kept_policy, estimate_step(w_kept, with_memory=False), estimate_memory(w_kept)))
+            mem_kept = estimate_memory(w_kept)
+            if mem_kept.gpu_peak <= budget.gpu_bytes:  # exact but for rounding: the peak is linear in kept layers
+                workloads[id(kept_policy)] = w_kept
+                feasible.append(Candidate(kept_policy, estimate_step(w_kept, with_memory=False), mem_kept))
         return True
 
     for i, policy in enumerate(policies):

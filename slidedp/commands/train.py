@@ -20,9 +20,10 @@ from slidedp.commands.train_args import build_train_spec
 from slidedp.errors import OutOfGpuMemory, SlideDPError, TrainingStopped
 
 RANK_ARGV_ENV = "SLIDEDP_RANK_ARGV"
-# A private file in the run directory where a rank that stops on purpose (TrainingStopped) writes its exit code
-# and message: torchrun reports any failed rank as exit code 1, so this is how the launcher keeps the
-# documented code (3 for --on-nonfinite stop) and prints the reason once instead of once per rank.
+# A private file in the run directory where a rank that stops on purpose (TrainingStopped) or runs out of GPU
+# memory (OutOfGpuMemory) writes its exit code and message: torchrun reports any failed rank as exit code 1, so
+# this is how the launcher keeps the documented code (3 for --on-nonfinite stop, 4 out of GPU memory) and
+# prints the reason once instead of once per rank.
 EXIT_FILE_ENV = "SLIDEDP_EXIT_FILE"
 
 
@@ -151,7 +152,7 @@ def _read_stop(path: Path) -> tuple[int, str] | None:
         return None
 
 
-def _record_stop(exc: TrainingStopped) -> bool:
+def _record_stop(exc: SlideDPError) -> bool:
     """A rank's record of why it stopped, for its launcher (see EXIT_FILE_ENV); False where there is none."""
     path = os.environ.get(EXIT_FILE_ENV)
     if not path:
@@ -198,12 +199,14 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         with progress:
             summary = trainer.run()
-    except torch.OutOfMemoryError as exc:
-        raise OutOfGpuMemory(trainer.out_of_memory_message(exc)) from None
-    except TrainingStopped as exc:
+    except (torch.OutOfMemoryError, TrainingStopped) as caught:
+        # A rank's stop on purpose or out of GPU memory: its launcher reports the reason once, with its code
+        # (torchrun turns every failed rank into exit code 1).
+        exc = OutOfGpuMemory(trainer.out_of_memory_message(caught)) if isinstance(caught, torch.OutOfMemoryError) \
+            else caught
         if "WORLD_SIZE" in os.environ and _record_stop(exc):
-            return exc.exit_code  # the launcher prints the reason once
-        raise
+            return exc.exit_code
+        raise exc from None
     finally:
         if lock is not None:
             lock.release()

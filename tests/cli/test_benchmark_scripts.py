@@ -279,3 +279,12 @@ def test_slidedp_train_driver_plans_again_for_less_after_running_out_of_gpu_memo
     rows.clear()
     run_slidedp_train(args, rows.append, "slidedp-compact")
     assert calls == [1] and rows[0]["status"] == "failed (exit 1)" and "error" not in rows[0]
+
+    # Out of memory at every budget: three plans, then the larger batches are rows without runs.
+    calls.clear()
+    monkeypatch.setattr(benchmarks.common, "train_run",
+                        lambda *a, **kw: (calls.append(1), (OutOfGpuMemory.exit_code, None))[1])
+    rows.clear()
+    run_slidedp_train(Namespace(**{**vars(args), "batches": [2, 4]}), rows.append, "slidedp-compact")
+    assert len(calls) == 3 and [r["status"] for r in rows] == ["oom", "skipped (oom at smaller)"]
+    assert rows[0]["error"].count("out of GPU memory") == 3

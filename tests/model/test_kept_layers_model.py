@@ -41,6 +41,8 @@ def test_the_last_k_layers_keep_their_graphs_and_skip_the_rerun():
 def test_kept_layers_is_a_count_for_recompute_only(bad):
     with pytest.raises(SlideDPError, match="kept_layers"):
         Policy(**bad)
+    with pytest.raises(SlideDPError, match="policy.activation must be one of"):  # the activation's own error first
+        Policy(activation="bogus", kept_layers=1)
 
 
 def test_each_kept_layer_adds_its_graph_less_its_checkpoint_and_saves_a_forward():

@@ -109,3 +109,16 @@ def test_stop_on_non_finite_under_data_parallel_exits_3_with_its_reason_once(tmp
     assert errors == ["slidedp: error: non-finite gradient norm at step 2: stopped (--on-nonfinite stop); the host "
                       "state was not updated by that step"]
     assert not list((tmp_path / "run").glob(".slidedp-exit-*"))
+
+
+def test_out_of_gpu_memory_under_data_parallel_exits_4_with_its_reason_once(tmp_path):
+    """torchrun turns a failed rank into exit code 1; the ranks' record keeps OutOfGpuMemory's code, which
+    peer_compare's driver reads to plan again for less, and the launcher prints the reason once."""
+    proc = run_cli_train(tmp_path, tmp_path / "run", *ARGS, "--steps", "3", env={"SLIDEDP_FAULT_OOM_STEP": "2"})
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("slidedp: error:")]
+    assert proc.returncode == 4, proc.stderr[-1500:]
+    assert len(errors) == 1 and "out of GPU memory: the plan's predicted peak" in errors[0]
+    assert "fault injection at step 2" in errors[0]
+    # No traceback of ours (torchrun still reports its failed children in its own words).
+    assert not [line for line in proc.stderr.splitlines() if line.strip().startswith("File ") and "slidedp" in line]
+    assert not list((tmp_path / "run").glob(".slidedp-exit-*"))
