@@ -71,7 +71,7 @@ def launch_ranks(args: argparse.Namespace, spec) -> int:
                  "--rdzv-endpoint", args.rdzv_endpoint]
     else:
         where = ["--standalone", "--local-addr", "127.0.0.1"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", *where,
+    cmd = [sys.executable, "-m", "slidedp.commands.rank_launcher", *where,  # torchrun, no traceback of its own
            "--nproc_per_node", str(args.nproc), "--max_restarts", "0", "-m", "slidedp.cli"]
     # The rank processes get this command line through the environment: torchrun's own parser would
     # otherwise try to read options such as --nproc.
