@@ -55,7 +55,8 @@ from slidedp.runtime.seq_tiles import run_layer
 from slidedp.runtime.streaming import ActivationOffload, DeviceUnit, ParamStreamer
 from slidedp.runtime.tracing import TraceRecorder
 from slidedp.runtime.updates import HostUpdater
-from slidedp.units import check_gpu_state_units, refetched_in_backward, resident_in_backward, unit_work
+from slidedp.units import check_gpu_state_units, refetched_in_backward, resident_in_backward
+from slidedp.workload import policy_unit_work
 
 __all__ = ["EngineConfig", "StepStats", "StreamingEngine", "shared_buffer_sizes"]
 
@@ -165,8 +166,7 @@ class StreamingEngine:
         if config.varlen_kernel is not None:
             use_packed_attention(adapter.skeleton.config)
         check_gpu_state_units(pol.gpu_state_units, len(self.units))
-        self._work = unit_work(spec, pol.activation, pol.micro_batch, pol.accumulation, config.seq,
-                               pol.loss_chunk_tokens, pol.seq_tile_tokens, kept_layers=pol.kept_layers)
+        self._work = policy_unit_work(spec, pol, config.seq)
         # Units that stay on the GPU from forward into backward (the rule the simulator's schedule uses).
         self._resident = (True,) * len(self.units) if resident else \
             resident_in_backward(self._work, pol.prefetch_depth, pol.gpu_state_units)

@@ -188,14 +188,19 @@ def build_units(m: ModelSpec, gpu: GPUSpec, activation: str, micro_batch: int, a
                 ) -> tuple[Unit, ...]:
     """Streamed units with per-rank step times and FLOPs for one micro-batching and activation policy.
 
-    Separate from StepWorkload so a tuner can reuse units across policies that share these inputs. The decoder
-    layers of one model do the same work except whether they recompute (unit_work), so each kind of layer is
-    timed once and the others are copies of it under their own index and name.
+    Separate from StepWorkload so a tuner can reuse units across policies that share these inputs.
     """
+    return time_units(unit_work(m, activation, micro_batch, accumulation, seq, loss_chunk_tokens, seq_tile_tokens,
+                                attention_span, attention, kept_layers), gpu)
+
+
+def time_units(works: tuple[UnitWork, ...], gpu: GPUSpec) -> tuple[Unit, ...]:
+    """:func:`time_unit` of each of ``works``. The decoder layers of one model do the same work except whether
+    they recompute (unit_work), so each kind of layer is timed once and the others are copies of it under their
+    own index and name."""
     timed: dict[bool, Unit] = {}
     units = []
-    for w in unit_work(m, activation, micro_batch, accumulation, seq, loss_chunk_tokens, seq_tile_tokens,
-                       attention_span, attention, kept_layers):
+    for w in works:
         if w.kind != "layer":
             units.append(time_unit(w, gpu))
             continue

@@ -18,7 +18,15 @@ from slidedp.policy import Policy
 from slidedp.resources import CAST_HOST_BYTES, cast_host_bytes_per_param, update_host_bytes_per_param
 from slidedp.routes import Routes
 from slidedp.state_precision import EXACT, StatePrecision
-from slidedp.units import Unit, build_units, check_gpu_state_units, refetched_in_backward, resident_in_backward
+from slidedp.units import (
+    Unit,
+    UnitWork,
+    check_gpu_state_units,
+    refetched_in_backward,
+    resident_in_backward,
+    time_units,
+    unit_work,
+)
 
 
 def default_adam_threads(hw: HardwareProfile, policy: Policy) -> int:
@@ -37,18 +45,24 @@ def threads_for_this_machine(planned: int, cores: int, ranks_per_host: int) -> i
 
 
 def unit_inputs(policy: Policy) -> tuple:
-    """The policy fields build_units depends on: a cache key for units (policy_units reads the same ones)."""
+    """The policy fields a step's units depend on (those policy_unit_work reads): a cache key for units."""
     return (policy.activation, policy.micro_batch, policy.accumulation, policy.loss_chunk_tokens,
             policy.seq_tile_tokens, policy.kept_layers)
 
 
+def policy_unit_work(model: ModelSpec, policy: Policy, seq: int, attention_span: float | None = None,
+                     attention: str = "sdpa") -> tuple[UnitWork, ...]:
+    """unit_work for the fields of ``policy`` it depends on (unit_inputs): the one place that maps a policy to
+    its units' work, for the runtime (which layers recompute, the trace's FLOPs) and, timed by policy_units, for
+    the workload, the tuner's cache and the calibration's refits."""
+    return unit_work(model, policy.activation, policy.micro_batch, policy.accumulation, seq,
+                     policy.loss_chunk_tokens, policy.seq_tile_tokens, attention_span, attention, policy.kept_layers)
+
+
 def policy_units(model: ModelSpec, gpu: GPUSpec, policy: Policy, seq: int, attention_span: float | None = None,
                  attention: str = "sdpa") -> tuple[Unit, ...]:
-    """build_units for the fields of ``policy`` it depends on (unit_inputs): the one place that maps a policy
-    to its units, for the workload, the tuner's cache and the calibration's refits."""
-    return build_units(model, gpu, policy.activation, policy.micro_batch, policy.accumulation, seq,
-                       policy.loss_chunk_tokens, policy.seq_tile_tokens, attention_span, attention,
-                       policy.kept_layers)
+    """The units of ``policy_unit_work`` timed on ``gpu``."""
+    return time_units(policy_unit_work(model, policy, seq, attention_span, attention), gpu)
 
 
 class StepWorkload:
@@ -93,7 +107,7 @@ class StepWorkload:
         self.adam_threads = threads
         self.tokens_per_rank = seq * policy.sequences_per_rank()
         self.tokens_per_micro_batch = seq * policy.micro_batch
-        if units is not None:  # precomputed by build_units for the same model, GPU, activation, batching and tile
+        if units is not None:  # precomputed (policy_units) for the same model, GPU, activation, batching and tile
             self.__dict__["units"] = units
 
     def with_policy(self, policy: Policy) -> StepWorkload:
