@@ -163,15 +163,16 @@ def run_deepspeed_offload(args, emit) -> None:
                  clock=clock)
 
 
-# Out of memory at the tuned policy (the memory model errs by up to ~20%): tune again for this fraction of the
-# budget, at most OOM_ATTEMPTS plans in all, and say so in the row. Both SlideDP drivers follow it.
-OOM_BUDGET_SHRINK = 0.85
+# Out of memory at the tuned policy: tune again for slidedp.problem.REPLAN_BUDGET_FRACTION of the budget, at most
+# OOM_ATTEMPTS plans in all, and say so in the row. Both SlideDP drivers follow it.
 OOM_ATTEMPTS = 3
 
 
 def plan_budgets(budget):
-    """The budgets SlideDP is planned for, one per attempt: the budget, then OOM_BUDGET_SHRINK of the last."""
-    return [replace(budget, gpu_bytes=budget.gpu_bytes * OOM_BUDGET_SHRINK ** i) for i in range(OOM_ATTEMPTS)]
+    """The budgets SlideDP is planned for, one per attempt: the budget, then REPLAN_BUDGET_FRACTION of the last."""
+    from slidedp.problem import REPLAN_BUDGET_FRACTION
+
+    return [replace(budget, gpu_bytes=budget.gpu_bytes * REPLAN_BUDGET_FRACTION ** i) for i in range(OOM_ATTEMPTS)]
 
 
 def run_slidedp(args, emit, system: str = "slidedp") -> None:

@@ -24,7 +24,7 @@ from slidedp.hardware import GIB, HardwareProfile
 from slidedp.model import estimate_memory, memory_shortfalls
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
-from slidedp.problem import gpu_memory_gib
+from slidedp.problem import REPLAN_BUDGET_FRACTION, gpu_memory_gib
 from slidedp.report.rundir import write_run_dir
 from slidedp.routes import Routes
 from slidedp.run_summary import RunSummary, span_field
@@ -292,7 +292,7 @@ class Trainer:
         first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         return (f"out of GPU memory: the plan's predicted peak was {self.memory.gpu_peak / GIB:.1f} GiB of a "
                 f"{self.gpu_budget / GIB:.1f} GiB budget ({first}); plan for less, e.g. --policy auto "
-                f"--gpu-budget {0.85 * self.gpu_budget / GIB:.0f}, or a smaller micro-batch")
+                f"--gpu-budget {REPLAN_BUDGET_FRACTION * self.gpu_budget / GIB:.0f}, or a smaller micro-batch")
 
     def run(self) -> RunSummary:
         s = self.spec

@@ -15,6 +15,9 @@ from slidedp.workload import StepWorkload
 
 HOST_USABLE_FRACTION = 0.9  # leave room for the OS, the Python processes and page cache
 GPU_USABLE_FRACTION = 0.92  # leave room for allocator fragmentation and the memory model's error (about 5%)
+# After a plan ran out of GPU memory, plan again for this fraction of its budget (the memory model errs by up to
+# ~20%): what `slidedp train`'s out-of-memory line suggests and what peer_compare's drivers do.
+REPLAN_BUDGET_FRACTION = 0.85
 
 
 @dataclass(frozen=True)

@@ -251,8 +251,9 @@ def test_slidedp_train_driver_plans_again_for_less_after_running_out_of_gpu_memo
     from types import SimpleNamespace
 
     import benchmarks.common
-    from benchmarks.peer_systems import OOM_BUDGET_SHRINK, run_slidedp_train
+    from benchmarks.peer_systems import run_slidedp_train
     from slidedp.errors import OutOfGpuMemory
+    from slidedp.problem import REPLAN_BUDGET_FRACTION
 
     calls = []
 
@@ -272,7 +273,7 @@ def test_slidedp_train_driver_plans_again_for_less_after_running_out_of_gpu_memo
     run_slidedp_train(args, rows.append, "slidedp-compact")
     assert calls == ["tiny-s16-b2-g1-slidedp-compact", "tiny-s16-b2-g1-slidedp-compact-retry1"]
     assert rows[0]["status"] == "ok" and rows[0]["oom_retries"] == ["40 GiB budget: out of GPU memory"]
-    assert rows[0]["planned_gpu_budget_gib"] == pytest.approx(40.0 * OOM_BUDGET_SHRINK)
+    assert rows[0]["planned_gpu_budget_gib"] == pytest.approx(40.0 * REPLAN_BUDGET_FRACTION)
 
     calls.clear()
     monkeypatch.setattr(benchmarks.common, "train_run", lambda *a, **kw: (calls.append(1), (1, None))[1])
