@@ -162,6 +162,8 @@ def parse_megatrain(lines: Lines) -> Parsed:
             out.extra["own_gpu_peak_gib"] = float(m.group(1))
         elif "Using PyTorch AdamW optimizer" in line:
             out.failure = "ran with torch AdamW, not DeepSpeedCPUAdam (deepspeed did not import)"
+        elif "Loss is nan" in line:  # it logs this and goes on, so the row must say it even if a time follows
+            out.failure = f"its loss became NaN after {len(out.step_times)} step(s) ('Loss is nan!' in its log)"
     if phases:
         timed = phases[1:] or phases
         out.extra["phase_s"] = {k: statistics.median(p[k] for p in timed) for k in timed[0]}
@@ -455,7 +457,9 @@ def run_external_peer(args, emit, peer: ExternalPeer) -> None:
                 emit({**base, "batch": later, "tokens_per_step": later * seq, "status": "skipped (oom at smaller)"})
             return
         if code != 0:
-            emit({**row, "status": f"failed: {failure_reason(code, lines)}"})
+            # what its output said of the steps it did run before it ended (e.g. a NaN loss, then silence)
+            detail = f" ({parsed.failure})" if parsed.failure and parsed.step_times else ""
+            emit({**row, "status": f"failed: {failure_reason(code, lines)}{detail}"})
             continue
         if parsed.failure:
             emit({**row, "status": f"failed: {parsed.failure}"})

@@ -68,6 +68,9 @@ def test_megatrain_step_times_phases_and_a_silent_optimizer_fallback():
     assert parsed.failure is None
     fallback = parse_megatrain([(0.0, "12:00:01 [INFO] Using PyTorch AdamW optimizer"), (1.0, log[2])])
     assert "not DeepSpeedCPUAdam" in fallback.failure
+    # As on the H100 (2026-12-06, Qwen3-8B): one step, then "Loss is nan!", then silence until the time limit.
+    nan = parse_megatrain([(0.0, log[1]), (1.0, log[2]), (2.0, "12:00:10 [ERROR] Loss is nan! Training may be")])
+    assert nan.step_times == [8.0] and "NaN after 1 step(s)" in nan.failure
 
 
 def test_failure_reasons_name_the_exception_the_signal_or_the_limit():
