@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--from-run", nargs="+", metavar="RUN", help="refit from these run directories instead")
     cal.add_argument("--model", nargs="+", help="time one decoder layer (forward and backward) of each model (preset "
                      "or config.json) vs tokens and sequence length, and fit the GPU compute model to all of them")
+    cal.add_argument("--host-only", action="store_true",
+                     help="measure only this host's CPU (update rates of every host-state mode, the peers' CPU "
+                          "AdamW where installed, copy and cast) and keep the GPU, PCIe and contention fields of "
+                          "--base: about a minute, on the machine that will train, before tuning")
     cal.add_argument("--out", default="profile.yaml", help="profile to write (default profile.yaml)")
     cal.set_defaults(func=_command("calibrate", "run_calibrate"))
 

@@ -25,6 +25,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from slidedp.calibration.shape_bench import shape_samples
 
     console = Console()
+    host_only = getattr(args, "host_only", False)
+    if host_only and (args.model or args.from_run):
+        raise SlideDPError("--host-only measures the CPU alone; it takes neither --model nor --from-run")
     base = load_hardware(args.base)
     for model in args.model or []:  # a bad --model fails now, not after minutes of benchmarks
         load_model_spec(model)
@@ -39,25 +42,35 @@ def run_calibrate(args: argparse.Namespace) -> int:
         with progress_callback("micro-benchmarks") as progress:
             measured = host_benchmarks(args.quick, progress)
             peer_adam_benchmarks(measured, args.quick, peer_thread_counts(), progress)
-            gpu_benchmarks(measured, args.quick, progress)
-            contention_benchmark(measured, args.quick)
-            for model in args.model or []:
-                layer_benchmarks(measured, model, args.quick, progress)
-            if torch.cuda.is_available():  # the shape-aware compute curves (gpu.compute)
-                measured.shapes = shape_samples(args.model[0] if args.model else None, args.quick, progress)
+            if host_only:
+                # The lent hosts of one machine type differ up to 2x in these rates (benchmarks/RESULTS.md,
+                # "Eleventh session's device calls") while their GPUs and links agree: refresh the CPU only.
+                console.print(f"  --host-only: GPU compute, PCIe, contention and collectives kept from {base.name}")
             else:
-                console.print("  no CUDA device: PCIe, DRAM under DMA contention, GPU compute curves and "
-                              f"collectives are kept from {base.name}; only the host and (with --model) "
-                              "this CPU's layer timings are measured")
+                gpu_benchmarks(measured, args.quick, progress)
+                contention_benchmark(measured, args.quick)
+                for model in args.model or []:
+                    layer_benchmarks(measured, model, args.quick, progress)
+                if torch.cuda.is_available():  # the shape-aware compute curves (gpu.compute)
+                    measured.shapes = shape_samples(args.model[0] if args.model else None, args.quick, progress)
+                else:
+                    console.print("  no CUDA device: PCIe, DRAM under DMA contention, GPU compute curves and "
+                                  f"collectives are kept from {base.name}; only the host and (with --model) "
+                                  "this CPU's layer timings are measured")
         profile, report = profile_from(base, measured)
+    return _write(console, profile, report, Path(args.out))
+
+
+def _write(console: Console, profile, report: dict, out: Path) -> int:
+    """The fit report, one warning line per fit that was not credible, and the profile written to ``out``."""
     warnings = report.pop("warnings", [])
     for key, value in report.items():
         console.print(f"  {key}: {value}")
     for line in warnings:  # a fit that was not credible: its fields kept the base profile's values
         Console(stderr=True).print(f"slidedp: warning: {line}", highlight=False)
     try:
-        profile.save(Path(args.out))
+        profile.save(out)
     except OSError as exc:
-        raise SlideDPError(f"cannot write {args.out!r}: {exc.strerror}") from None
-    console.print(f"wrote {args.out}")
+        raise SlideDPError(f"cannot write {str(out)!r}: {exc.strerror}") from None
+    console.print(f"wrote {out}")
     return 0

@@ -382,3 +382,38 @@ def busy_adam(trace) -> float:
     from slidedp.calibration.from_run import busy_seconds
 
     return busy_seconds(trace, "adam")
+
+
+def test_host_only_refreshes_the_cpu_rates_and_keeps_every_gpu_field(tmp_path, monkeypatch, capsys):
+    """`calibrate --host-only` on a machine with a GPU: the host's rates come from this host's measurements (here
+    synthetic: half of h200-x1's, as the slowest lent host measured), nothing on the GPU side is benchmarked, and
+    the GPU, link and contention fields are the base's."""
+    import slidedp.calibration.gpu_bench as gpu_bench
+    import slidedp.calibration.host_bench as host_bench
+    import slidedp.calibration.peer_bench as peer_bench
+
+    base = load_hardware("h200-x1")
+    slow = {t: r / 2 for t, r in base.host.adam_gparams_per_s.items()}
+
+    def measured(quick, progress=None):
+        return Measurements(stream_gbps=dict(base.host.stream_gbps), adam_gparams_per_s=slow,
+                            cast_gelems_per_s=dict(base.host.cast_gelems_per_s), adam_fused_cast=True,
+                            state_update_gparams_per_s={"bf16+int8": {8: 3.0, 16: 6.0}})
+
+    def never(*args, **kwargs):
+        raise AssertionError("--host-only ran a GPU benchmark")
+
+    monkeypatch.setattr(host_bench, "host_benchmarks", measured)
+    monkeypatch.setattr(peer_bench, "peer_adam_benchmarks", lambda *a, **k: None)
+    monkeypatch.setattr(gpu_bench, "gpu_benchmarks", never)
+    monkeypatch.setattr(gpu_bench, "layer_benchmarks", never)
+    out = tmp_path / "host.yaml"
+    assert main(["calibrate", "--host-only", "--out", str(out)]) == 0
+    profile = load_hardware(str(out))
+    assert profile.gpu == base.gpu and profile.link == base.link
+    assert profile.host.dma_interference == base.host.dma_interference
+    assert profile.host.adam_gparams_per_s[16] == pytest.approx(base.host.adam_gparams_per_s[16] / 2)
+    assert profile.host.state_update_gparams_per_s["bf16+int8"][16] == pytest.approx(6.0)
+    assert profile.host.state_update_gparams_per_s["fp32+int8"] == base.host.state_update_gparams_per_s["fp32+int8"]
+    assert "kept from h200-x1" in capsys.readouterr().out
+    assert main(["calibrate", "--host-only", "--model", "qwen3-4b"]) == 2
