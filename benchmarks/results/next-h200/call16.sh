@@ -7,7 +7,7 @@
 source benchmarks/results/h200-2026-12-04/setup.sh
 O=/tmp/c16; mkdir -p $O
 nvidia-smi --query-gpu=name,memory.total --format=csv > $OUT/c16_env.txt 2>&1
-timeout $(left 560) python3 -m benchmarks.long_seq_tiled --layers 8 --parts cap --cap-gib 76 --steps 2 \
-  --deadline 200 --out $O/cap > $OUT/c16_cap.log 2>&1
+timeout $(left 430) python3 -m benchmarks.long_seq_tiled --layers 8 --parts cap --cap-gib 76 --steps 2 \
+  --deadline 120 --out $O/cap > $OUT/c16_cap.log 2>&1
 cp $O/cap/results.jsonl $OUT/c16_results.jsonl 2>/dev/null
 pack_runs c16_runs.tgz $O
