@@ -10,7 +10,7 @@ for a in offload recompute; do
   vmstat -t 1 > $OUT/c19_vmstat_$a.txt 2>&1 & V=$!
   ( while sleep 2; do grep -E "MemFree|MemAvailable|Cached|Mlocked|AnonHugePages" /proc/meminfo | tr -s ' ' \
       | paste -sd' '; done ) > $OUT/c19_meminfo_$a.txt 2>&1 & M=$!
-  timeout $(left 280) python3 -m slidedp.cli train --model qwen3-8b --data synthetic --seq 4096 --batch 4 \
+  timeout 88 python3 -m slidedp.cli train --model qwen3-8b --data synthetic --seq 4096 --batch 4 \
     --policy benchmarks/results/next-h200/c19-$a-b4.yaml --steps 4 --hardware h200-x1 --device auto \
     --no-checkpoint --out /tmp/c19/$a --log none > $OUT/c19_$a.log 2>&1
   kill $V $M 2>/dev/null
