@@ -84,6 +84,8 @@ def drive(args) -> int:
                "--peer-inputs", str(args.peer_inputs or out / "peer_inputs")] + (["--phases"] if args.phases else [])
         if args.slidedp_gpu_budget is not None:
             cmd += ["--slidedp-gpu-budget", str(args.slidedp_gpu_budget)]
+        if args.slidedp_in_process:
+            cmd += ["--slidedp-in-process"]
         log(f"=== {system}: {' '.join(cmd[1:])}")
         t0 = time.perf_counter()
         limit = min(args.timeout, args.deadline - (time.perf_counter() - start))
@@ -119,6 +121,10 @@ def main() -> int:
     p.add_argument("--port", type=int, default=29611)
     p.add_argument("--slidedp-gpu-budget", type=float, metavar="GIB",
                    help="GPU memory the SlideDP tuner may plan for (default: its usual fraction of the GPU)")
+    p.add_argument("--slidedp-in-process", action="store_true",
+                   help="measure SlideDP's exact-state variants on one GPU in the worker's own process, on one host "
+                        "state shared by every batch (saves its set-up per batch). Default: each batch is a fresh "
+                        "`slidedp train` run, as each of the peers' batches is a fresh process")
     p.add_argument("--phases", action="store_true",
                    help="also time each phase of the peers' steps (synchronises at every phase: diagnosis only)")
     p.add_argument("--peers-dir", default=str(DEFAULT_PEERS_DIR),

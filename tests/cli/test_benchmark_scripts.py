@@ -289,3 +289,21 @@ def test_slidedp_train_driver_plans_again_for_less_after_running_out_of_gpu_memo
     run_slidedp_train(Namespace(**{**vars(args), "batches": [2, 4]}), rows.append, "slidedp-compact")
     assert len(calls) == 3 and [r["status"] for r in rows] == ["oom", "skipped (oom at smaller)"]
     assert rows[0]["error"].count("out of GPU memory") == 3
+
+
+def test_slidedp_rows_are_fresh_train_runs_unless_asked_in_process(monkeypatch):
+    """Each batch of every SlideDP variant is a `slidedp train` run of its own by default; only the exact-state
+    variants on one GPU may run in the worker's process, and only when asked."""
+    from argparse import Namespace
+
+    import benchmarks.peer_systems as ps
+
+    calls = []
+    monkeypatch.setattr(ps, "run_slidedp_train", lambda args, emit, system: calls.append(system))
+    for system in ("slidedp", "slidedp-host", "slidedp-compact"):
+        ps.run_slidedp(Namespace(gpus=1, slidedp_in_process=False), None, system)
+    assert calls == ["slidedp", "slidedp-host", "slidedp-compact"]
+    calls.clear()
+    ps.run_slidedp(Namespace(gpus=1, slidedp_in_process=True), None, "slidedp-compact")  # compact: always train
+    ps.run_slidedp(Namespace(gpus=2, slidedp_in_process=True), None, "slidedp")  # several GPUs: always train
+    assert calls == ["slidedp-compact", "slidedp"]

@@ -1,9 +1,9 @@
 # Device call for #21's last row and the 8B CPU-update slowdown (2026-12-06 fifth session, c14): SlideFormer on
 # Qwen3-8B at batch 4 beside SlideDP tuned and host-only, on one machine, with the time SlideFormer's 8B set-up
 # needs (its batch-1 run alone took most of c14's 200 s). Predicted before (h200-x1 host, the H100's GPU side):
-# SlideFormer 6.118 s. In c14 the tuned b4 plan (15 GPU-held units, activations offloaded) updated on the CPU at
-# 1.65 G params/s against 3.20 for the host-only plan (kept 17 layers); the trace shows no activation copy beside
-# the slow chunks, host RSS 115.3 of 125.8 GiB. Carry .whl and .peers. Run: bash benchmarks/results/next-h200/call18.sh
+# SlideFormer 6.118 s. SlideDP's batches now run as fresh `slidedp train` processes (c14's in-process second batch
+# updated at half rate; c19 in a fresh process did not). Carry .whl and .peers.
+# Run: bash benchmarks/results/next-h200/call18.sh
 source benchmarks/results/h200-2026-12-04/setup.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv > $OUT/c18_env.txt 2>&1
 { lscpu | grep -E "Model name|Model:"; free -g; df -h /tmp; } > $OUT/c18_host.txt 2>&1
