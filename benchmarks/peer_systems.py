@@ -179,8 +179,7 @@ def run_slidedp(args, emit, system: str = "slidedp") -> None:
     """One `slidedp train` run per batch, a fresh process each, as the peers' batches are. With
     ``--slidedp-in-process`` (one GPU, exact state only): the streaming runtime in this process on one pinned fp32
     host state reused by every batch. That saves the state's set-up, but on the H100 (2026-12-06, c14) the second
-    batch measured that way updated on the CPU at half the rate, and the same policy in a fresh process did not
-    (c19: 3.083 s against 4.830)."""
+    batch measured that way updated on the CPU at half its machine's rate, for no cause found (RESULTS, c19)."""
     in_process = getattr(args, "slidedp_in_process", False)
     if not in_process or args.gpus > 1 or variant_space(system).states != ("fp32",):
         run_slidedp_train(args, emit, system)
