@@ -44,7 +44,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             peer_adam_benchmarks(measured, args.quick, peer_thread_counts(), progress)
             if host_only:
                 # The lent hosts of one machine type differ up to 2x in these rates (benchmarks/RESULTS.md,
-                # "Eleventh session's device calls") while their GPUs and links agree: refresh the CPU only.
+                # "Eleventh session's device calls"): refresh the CPU side, keep the calibrated GPU side.
                 console.print(f"  --host-only: GPU compute, PCIe, contention and collectives kept from {base.name}")
             else:
                 gpu_benchmarks(measured, args.quick, progress)
@@ -58,19 +58,14 @@ def run_calibrate(args: argparse.Namespace) -> int:
                                   f"collectives are kept from {base.name}; only the host and (with --model) "
                                   "this CPU's layer timings are measured")
         profile, report = profile_from(base, measured)
-    return _write(console, profile, report, Path(args.out))
-
-
-def _write(console: Console, profile, report: dict, out: Path) -> int:
-    """The fit report, one warning line per fit that was not credible, and the profile written to ``out``."""
     warnings = report.pop("warnings", [])
     for key, value in report.items():
         console.print(f"  {key}: {value}")
     for line in warnings:  # a fit that was not credible: its fields kept the base profile's values
         Console(stderr=True).print(f"slidedp: warning: {line}", highlight=False)
     try:
-        profile.save(out)
+        profile.save(Path(args.out))
     except OSError as exc:
-        raise SlideDPError(f"cannot write {str(out)!r}: {exc.strerror}") from None
-    console.print(f"wrote {out}")
+        raise SlideDPError(f"cannot write {args.out!r}: {exc.strerror}") from None
+    console.print(f"wrote {args.out}")
     return 0
