@@ -9,10 +9,14 @@ drivers import this module before deciding which worker process to start.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -67,6 +71,44 @@ def pack(archive: Path, members: Iterable[tuple[Path, str]]) -> Path:
         for path, arcname in members:
             tar.add(path, arcname=arcname)
     return Path(archive)
+
+
+def run_in_own_session(cmd: list[str], timeout: float, grace_s: float = 10.0) -> int | None:
+    """Run ``cmd`` in a session (process group) of its own and wait at most ``timeout`` seconds: its exit code,
+    or None where it was stopped at the limit. Then whatever it started and left running (a `slidedp train`
+    under a worker, a peer's helper processes) is ended with it: SIGTERM to the whole group, SIGKILL after
+    ``grace_s``. So nothing of one measured system runs on beside the next, and a pinned host state is not
+    still resident when the next system allocates its own. Killing the direct child alone leaves its children
+    running: a single-rank `slidedp train` has nothing that ends it with its parent."""
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:  # also on Ctrl-C in the driver: the group is in another session, so the terminal's SIGINT missed it
+        end_process_group(proc, grace_s)
+
+
+def end_process_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM to ``proc``'s process group, SIGKILL to whatever is left of it after ``grace_s``; ``proc`` reaped."""
+    pgid = proc.pid  # start_new_session: the leader's pid names the group, even after the leader has exited
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:  # nothing left in the group
+        proc.wait()
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the leader, so that a finished group reads as gone
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    proc.wait()
 
 
 def train_run(model: str, seq: int, policy_path: Path, steps: int, out: Path, *, batch: int | None = None,

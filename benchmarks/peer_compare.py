@@ -40,12 +40,11 @@ slidedp_runs.tar.gz (our runs as run directories for `slidedp validate`).
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import append_jsonl, log, pack, read_jsonl
+from benchmarks.common import append_jsonl, log, pack, read_jsonl, run_in_own_session
 from benchmarks.peer_external import DEFAULT_PEERS_DIR
 from benchmarks.peer_systems import WORKERS
 from slidedp.report.peers import OURS, SYSTEMS, load_rows, plot, table_markdown
@@ -89,13 +88,8 @@ def drive(args) -> int:
         log(f"=== {system}: {' '.join(cmd[1:])}")
         t0 = time.perf_counter()
         limit = min(args.timeout, args.deadline - (time.perf_counter() - start))
-        try:
-            if limit < 30:
-                raise subprocess.TimeoutExpired(cmd, 0)
-            proc = subprocess.run(cmd, timeout=limit, check=False)
-            status = f"exit {proc.returncode}"
-        except subprocess.TimeoutExpired:
-            status = f"stopped at its time limit ({limit:.0f} s)"
+        code = run_in_own_session(cmd, limit) if limit >= 30 else None  # its `slidedp train` runs end with it
+        status = f"exit {code}" if code is not None else f"stopped at its time limit ({limit:.0f} s)"
         log(f"=== {system}: {status} in {time.perf_counter() - t0:.1f} s")
         done = {(r["system"], r["batch"]) for r in load_rows(out)}
         for batch in args.batches:

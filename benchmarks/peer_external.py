@@ -21,6 +21,7 @@ the rest is the step time. A peer that cannot run keeps its rows, with the reaso
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 
-from benchmarks.common import log
+from benchmarks.common import end_process_group, log
 from benchmarks.peer_setup import BETAS, CLIP, EPS, LR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -341,25 +342,44 @@ def _end_with_parent() -> None:
 def run_logged(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float, log_path: Path) -> tuple[int | None,
                                                                                                           Lines]:
     """Run ``cmd``, timestamping each output line (stdout and stderr together) as it arrives; None for a run
-    stopped at ``timeout`` seconds. The whole output goes to ``log_path``."""
+    stopped at ``timeout`` seconds. The whole output goes to ``log_path``.
+
+    The peer runs in a session of its own, so that stopping it stops whatever it started too. That session is
+    outside the worker's, which the driver ends at its own time limit (SIGTERM, then SIGKILL): a SIGTERM to the
+    worker therefore ends the peer's session first."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1, preexec_fn=_end_with_parent)
+                            bufsize=1, preexec_fn=_end_with_parent, start_new_session=True)
     stopped = threading.Event()
+
+    def kill_peer() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the peer and whatever it started (its session)
 
     def stop() -> None:
         stopped.set()
-        proc.kill()
+        kill_peer()
 
+    def terminated(signum, frame) -> None:
+        kill_peer()
+        os._exit(128 + signum)
+
+    in_main = threading.current_thread() is threading.main_thread()  # only there may signal handlers be set
+    previous = signal.signal(signal.SIGTERM, terminated) if in_main else None
     timer = threading.Timer(timeout, stop)
     timer.start()
     lines: Lines = []
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("w") as f:
-        for line in proc.stdout:
-            lines.append((time.monotonic(), line.rstrip("\n")))
-            f.write(line)
-    code = proc.wait()
-    timer.cancel()
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("w") as f:
+            for line in proc.stdout:
+                lines.append((time.monotonic(), line.rstrip("\n")))
+                f.write(line)
+        code = proc.wait()
+    finally:
+        timer.cancel()
+        end_process_group(proc, grace_s=5.0)  # anything of the peer's still running: not beside the next run
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
     return (None if stopped.is_set() else code), lines
 
 

@@ -307,3 +307,43 @@ def test_slidedp_rows_are_fresh_train_runs_unless_asked_in_process(monkeypatch):
     ps.run_slidedp(Namespace(gpus=1, slidedp_in_process=True), None, "slidedp-compact")  # compact: always train
     ps.run_slidedp(Namespace(gpus=2, slidedp_in_process=True), None, "slidedp")  # several GPUs: always train
     assert calls == ["slidedp-compact", "slidedp"]
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_worker_stopped_at_its_limit_takes_what_it_started_with_it(tmp_path):
+    """peer_compare's driver stops a worker at its time limit; a `slidedp train` the worker started must not run
+    on beside the next system. Here the worker starts a child that would outlive it, then hangs."""
+    import time
+
+    from benchmarks.common import run_in_own_session
+
+    pid_file = tmp_path / "child.pid"
+    worker = (f"import subprocess, time; c = subprocess.Popen(['sleep', '60']); "
+              f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)")
+    t0 = time.monotonic()
+    assert run_in_own_session([sys.executable, "-c", worker], timeout=3, grace_s=2) is None
+    assert time.monotonic() - t0 < 20
+    child = int(pid_file.read_text())
+    for _ in range(50):  # the orphan is reaped by whoever adopted it
+        if not _alive(child):
+            break
+        time.sleep(0.1)
+    assert not _alive(child)
+    # A worker that finishes in time: its exit code, and a child it left behind is ended too.
+    worker = (f"import subprocess; c = subprocess.Popen(['sleep', '60']); "
+              f"open({str(pid_file)!r}, 'w').write(str(c.pid)); raise SystemExit(3)")
+    assert run_in_own_session([sys.executable, "-c", worker], timeout=30, grace_s=2) == 3
+    child = int(pid_file.read_text())
+    for _ in range(50):
+        if not _alive(child):
+            break
+        time.sleep(0.1)
+    assert not _alive(child)

@@ -393,3 +393,62 @@ def test_the_compact_variant_is_predicted_host_only_in_bf16_int8_and_with_anothe
     assert compact["status"] == exact["status"] == "ok"
     assert compact["note"] == exact["note"] == "gpu_state_units=0"
     assert compact["host_gib"] < 0.5 * exact["host_gib"]  # ~6 against 14 bytes per parameter
+
+
+def _gone(pid: int, wait_s: float = 5.0) -> bool:
+    """The process has exited (a zombie counts as gone) within ``wait_s``."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# A peer that starts a helper, writes the helper's pid to the file named by its argument, and hangs.
+_PEER_WITH_A_HELPER = ("import subprocess, sys, time; c = subprocess.Popen(['sleep', '60']); "
+                       "open(sys.argv[1], 'w').write(str(c.pid)); time.sleep(60)")
+
+
+def test_a_peer_stopped_at_its_limit_or_with_its_worker_takes_its_helpers_along(tmp_path):
+    """A peer that started a helper process and hangs: at the batch's limit both end; and when the driver ends
+    the worker (SIGTERM at the worker's own limit), the peer's session ends with it."""
+    import os
+    import signal
+    import time
+
+    from benchmarks.peer_external import run_logged
+
+    pid_file = tmp_path / "helper.pid"
+    t0 = time.monotonic()
+    code, _ = run_logged([sys.executable, "-c", _PEER_WITH_A_HELPER, str(pid_file)], tmp_path, dict(os.environ), 2,
+                         tmp_path / "peer.log")
+    assert code is None and time.monotonic() - t0 < 15
+    assert _gone(int(pid_file.read_text()))
+    pid_file.unlink()
+
+    worker = textwrap.dedent(f"""\
+        import os, sys
+        from pathlib import Path
+        sys.path.insert(0, {str(REPO)!r})
+        from benchmarks.peer_external import run_logged
+        print("worker", os.getpid(), flush=True)
+        run_logged([sys.executable, "-c", {_PEER_WITH_A_HELPER!r}, {str(pid_file)!r}], Path({str(tmp_path)!r}),
+                   dict(os.environ), 60, Path({str(tmp_path / 'peer2.log')!r}))
+        """)
+    proc = subprocess.Popen([sys.executable, "-c", worker], stdout=subprocess.PIPE, text=True)
+    proc.stdout.readline()
+    for _ in range(200):  # until the peer has started its helper
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    helper = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 128 + signal.SIGTERM
+    assert _gone(helper)
