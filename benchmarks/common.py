@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -79,14 +80,27 @@ def run_in_own_session(cmd: list[str], timeout: float, grace_s: float = 10.0) ->
     under a worker, a peer's helper processes) is ended with it: SIGTERM to the whole group, SIGKILL after
     ``grace_s``. So nothing of one measured system runs on beside the next, and a pinned host state is not
     still resident when the next system allocates its own. Killing the direct child alone leaves its children
-    running: a single-rank `slidedp train` has nothing that ends it with its parent."""
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    running: a single-rank `slidedp train` has nothing that ends it with its parent.
+
+    Outside signals reach the group through this process: a SIGTERM to it (the device scripts' `timeout`, which
+    signals only its own process group, and the group here is not in it) or Ctrl-C ends the group, then this
+    process; a SIGKILL to it ends the group's leader through the kernel (parent-death signal)."""
+    from slidedp.runtime.lifetime import die_with_parent
+
+    def terminated(signum, frame) -> None:
+        raise SystemExit(128 + signum)  # through the finally below
+
+    in_main = threading.current_thread() is threading.main_thread()  # only there may signal handlers be set
+    previous = signal.signal(signal.SIGTERM, terminated) if in_main else None
+    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent)
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         return None
-    finally:  # also on Ctrl-C in the driver: the group is in another session, so the terminal's SIGINT missed it
+    finally:
         end_process_group(proc, grace_s)
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def end_process_group(proc: subprocess.Popen, grace_s: float) -> None:
@@ -122,7 +136,10 @@ def train_run(model: str, seq: int, policy_path: Path, steps: int, out: Path, *,
     if batch is not None:
         cmd += ["--batch", str(batch)]
     print(f"=== {' '.join(cmd[3:])}", flush=True)
-    proc = subprocess.run(cmd, check=False)
+    from slidedp.runtime.lifetime import die_with_parent
+
+    # SIGTERM (the trainer's orderly stop) when the driver that started it dies, however it dies.
+    proc = subprocess.run(cmd, check=False, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     summary = Path(out) / "summary.json"
     return proc.returncode, RunSummary.load(summary) if summary.exists() else None
 

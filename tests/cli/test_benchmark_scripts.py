@@ -347,3 +347,29 @@ def test_a_worker_stopped_at_its_limit_takes_what_it_started_with_it(tmp_path):
             break
         time.sleep(0.1)
     assert not _alive(child)
+
+
+def test_a_driver_ended_by_sigterm_ends_its_workers_session_first(tmp_path):
+    """The device scripts bound each driver with `timeout`, which signals only its own process group; the
+    worker's session is outside it, so the driver's SIGTERM must end that session before the driver exits."""
+    import signal
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    worker = (f"import subprocess, time; c = subprocess.Popen(['sleep', '60']); "
+              f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)")
+    driver = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from benchmarks.common import run_in_own_session; "
+              f"run_in_own_session([sys.executable, '-c', {worker!r}], timeout=60, grace_s=2)")
+    proc = subprocess.Popen([sys.executable, "-c", driver])
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    for _ in range(50):
+        if not _alive(child):
+            break
+        time.sleep(0.1)
+    assert not _alive(child)
