@@ -62,3 +62,30 @@ def with_host(hw: HardwareProfile, **changes) -> HardwareProfile:
 
 def with_link(hw: HardwareProfile, **changes) -> HardwareProfile:
     return replace(hw, link=replace(hw.link, **changes))
+
+
+def process_gone(pid: int, wait_s: float = 5.0) -> bool:
+    """Whether process ``pid`` has exited (a zombie counts as exited) within ``wait_s`` seconds."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def read_when_written(path: Path, wait_s: float = 10.0) -> str:
+    """The text of ``path`` once another process has written it (waits up to ``wait_s`` seconds)."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while not (path.exists() and path.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return path.read_text()

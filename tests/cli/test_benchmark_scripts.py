@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from slidedp.report.peers import load_rows
-from tests.builders import REPO
+from tests.builders import REPO, process_gone, read_when_written
 
 
 def bench(name: str, *args: str) -> subprocess.CompletedProcess:
@@ -309,15 +309,6 @@ def test_slidedp_rows_are_fresh_train_runs_unless_asked_in_process(monkeypatch):
     assert calls == ["slidedp-compact", "slidedp"]
 
 
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_a_worker_stopped_at_its_limit_takes_what_it_started_with_it(tmp_path):
     """peer_compare's driver stops a worker at its time limit; a `slidedp train` the worker started must not run
     on beside the next system. Here the worker starts a child that would outlive it, then hangs."""
@@ -331,29 +322,18 @@ def test_a_worker_stopped_at_its_limit_takes_what_it_started_with_it(tmp_path):
     t0 = time.monotonic()
     assert run_in_own_session([sys.executable, "-c", worker], timeout=3, grace_s=2) is None
     assert time.monotonic() - t0 < 20
-    child = int(pid_file.read_text())
-    for _ in range(50):  # the orphan is reaped by whoever adopted it
-        if not _alive(child):
-            break
-        time.sleep(0.1)
-    assert not _alive(child)
+    assert process_gone(int(pid_file.read_text()))
     # A worker that finishes in time: its exit code, and a child it left behind is ended too.
     worker = (f"import subprocess; c = subprocess.Popen(['sleep', '60']); "
               f"open({str(pid_file)!r}, 'w').write(str(c.pid)); raise SystemExit(3)")
     assert run_in_own_session([sys.executable, "-c", worker], timeout=30, grace_s=2) == 3
-    child = int(pid_file.read_text())
-    for _ in range(50):
-        if not _alive(child):
-            break
-        time.sleep(0.1)
-    assert not _alive(child)
+    assert process_gone(int(pid_file.read_text()))
 
 
 def test_a_driver_ended_by_sigterm_ends_its_workers_session_first(tmp_path):
     """The device scripts bound each driver with `timeout`, which signals only its own process group; the
     worker's session is outside it, so the driver's SIGTERM must end that session before the driver exits."""
     import signal
-    import time
 
     pid_file = tmp_path / "child.pid"
     worker = (f"import subprocess, time; c = subprocess.Popen(['sleep', '60']); "
@@ -361,15 +341,7 @@ def test_a_driver_ended_by_sigterm_ends_its_workers_session_first(tmp_path):
     driver = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from benchmarks.common import run_in_own_session; "
               f"run_in_own_session([sys.executable, '-c', {worker!r}], timeout=60, grace_s=2)")
     proc = subprocess.Popen([sys.executable, "-c", driver])
-    for _ in range(200):
-        if pid_file.exists() and pid_file.read_text():
-            break
-        time.sleep(0.05)
-    child = int(pid_file.read_text())
+    child = int(read_when_written(pid_file))
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 128 + signal.SIGTERM
-    for _ in range(50):
-        if not _alive(child):
-            break
-        time.sleep(0.1)
-    assert not _alive(child)
+    assert process_gone(child)

@@ -29,7 +29,7 @@ from benchmarks.peer_external import (
 )
 from benchmarks.peer_external_setup import CPU_ADAM_BINDINGS, download_commands, lay_out
 from slidedp.report.peers import load_rows, speedups, table_markdown
-from tests.builders import REPO, TINY
+from tests.builders import REPO, TINY, process_gone, read_when_written
 
 PROBE = 'PEER_PROBE {"gpu_peak_gib": 12.5, "host_rss_peak_gib": 48.0}'
 
@@ -395,22 +395,6 @@ def test_the_compact_variant_is_predicted_host_only_in_bf16_int8_and_with_anothe
     assert compact["host_gib"] < 0.5 * exact["host_gib"]  # ~6 against 14 bytes per parameter
 
 
-def _gone(pid: int, wait_s: float = 5.0) -> bool:
-    """The process has exited (a zombie counts as gone) within ``wait_s``."""
-    import time
-
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 # A peer that starts a helper, writes the helper's pid to the file named by its argument, and hangs.
 _PEER_WITH_A_HELPER = ("import subprocess, sys, time; c = subprocess.Popen(['sleep', '60']); "
                        "open(sys.argv[1], 'w').write(str(c.pid)); time.sleep(60)")
@@ -430,7 +414,7 @@ def test_a_peer_stopped_at_its_limit_or_with_its_worker_takes_its_helpers_along(
     code, _ = run_logged([sys.executable, "-c", _PEER_WITH_A_HELPER, str(pid_file)], tmp_path, dict(os.environ), 2,
                          tmp_path / "peer.log")
     assert code is None and time.monotonic() - t0 < 15
-    assert _gone(int(pid_file.read_text()))
+    assert process_gone(int(pid_file.read_text()))
     pid_file.unlink()
 
     worker = textwrap.dedent(f"""\
@@ -444,11 +428,7 @@ def test_a_peer_stopped_at_its_limit_or_with_its_worker_takes_its_helpers_along(
         """)
     proc = subprocess.Popen([sys.executable, "-c", worker], stdout=subprocess.PIPE, text=True)
     proc.stdout.readline()
-    for _ in range(200):  # until the peer has started its helper
-        if pid_file.exists() and pid_file.read_text():
-            break
-        time.sleep(0.05)
-    helper = int(pid_file.read_text())
+    helper = int(read_when_written(pid_file))
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == 128 + signal.SIGTERM
-    assert _gone(helper)
+    assert process_gone(helper)
