@@ -40,6 +40,7 @@ from pathlib import Path
 
 from benchmarks.common import end_process_group, log
 from benchmarks.peer_setup import BETAS, CLIP, EPS, LR
+from slidedp.runtime.lifetime import die_with_parent
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PEERS_DIR = REPO / ".peers"
@@ -321,24 +322,6 @@ def megatrain_yaml(inputs: PeerInputs) -> str:
 
 
 # ---- running -----------------------------------------------------------------------------------------------------
-def _libc():
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None)
-    except OSError:
-        return None
-
-
-_LIBC = _libc()  # looked up here, not in the forked child, which should run as little as possible before exec
-
-
-def _end_with_parent() -> None:
-    """In the child, before exec: die with the worker (the driver's time limit kills the worker only)."""
-    if _LIBC is not None:
-        _LIBC.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def run_logged(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float, log_path: Path) -> tuple[int | None,
                                                                                                           Lines]:
     """Run ``cmd``, timestamping each output line (stdout and stderr together) as it arrives; None for a run
@@ -348,7 +331,7 @@ def run_logged(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float, l
     outside the worker's, which the driver ends at its own time limit (SIGTERM, then SIGKILL): a SIGTERM to the
     worker therefore ends the peer's session first."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1, preexec_fn=_end_with_parent, start_new_session=True)
+                            bufsize=1, preexec_fn=die_with_parent, start_new_session=True)  # dies with the worker
     stopped = threading.Event()
 
     def kill_peer() -> None:

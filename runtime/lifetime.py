@@ -46,12 +46,23 @@ class RunLock:
             self._fd = None
 
 
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+# Looked up once at import: die_with_parent often runs as a preexec_fn, in a forked child before exec, which
+# should do as little as possible.
+_LIBC = _libc()
+
+
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Ask the kernel to send ``sig`` to this process when its parent exits (Linux; a no-op elsewhere)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
+        _LIBC.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except AttributeError:  # no libc, or no prctl in it
         return
     if os.getppid() == 1:  # the parent died before the request took effect
         os.kill(os.getpid(), sig)
