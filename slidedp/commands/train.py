@@ -267,6 +267,10 @@ def run_outcome(summary, spec) -> str:
                 lines.append(f"to predict this machine, refit the profile from this run: slidedp calibrate "
                              f"--from-run {q(str(out))} --base {q(str(out / HARDWARE_FILE))} "
                              f"--out {q(str(out / 'refit.yaml'))}")
+                if getattr(summary, "limiter", None) == "cpu":  # lent hosts of one type differ 2x in CPU rates
+                    lines.append(f"the host's CPU limited this step; before tuning for another model, measure "
+                                 f"it: slidedp calibrate --host-only --base {q(str(out / HARDWARE_FILE))} "
+                                 f"--out host.yaml")
         else:
             lines.append(f"predicted {summary.predicted_step_time_s:.3f} s/step for {spec.hardware.name}{tuned}; "
                          f"this run was on the CPU, so its {summary.step_time_s:.3f} s/step is not comparable")

@@ -27,6 +27,10 @@ def test_one_rank_per_gpu_gets_the_error_of_the_prediction_and_how_to_refit():
             in text)
     close = SimpleNamespace(**{**vars(_summary("cuda:0")), "predicted_step_time_s": 5.5})
     assert "--from-run" not in run_outcome(close, _spec(1))  # -8%: no hint
+    assert "--host-only" not in text  # the limiter is not known to be the CPU
+    cpu_bound = SimpleNamespace(**{**vars(_summary("cuda:0")), "limiter": "cpu"})
+    assert f"slidedp calibrate --host-only --base {out / 'hardware.yaml'} --out host.yaml" in run_outcome(
+        cpu_bound, _spec(1))
 
 
 def test_ranks_sharing_a_gpu_get_no_error_figure_and_the_reason():
