@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from slidedp.run_summary import RunSummary
+from slidedp.runtime.lifetime import die_with_parent
 
 
 def log(msg: str) -> None:
@@ -74,6 +75,26 @@ def pack(archive: Path, members: Iterable[tuple[Path, str]]) -> Path:
     return Path(archive)
 
 
+@contextlib.contextmanager
+def sigterm_raises_exit():
+    """While inside: a SIGTERM to this process raises SystemExit(128 + SIGTERM) instead of ending it at once, so
+    that ``finally`` clauses end the processes it started first (a process group in a session of its own is out
+    of reach of a signal sent to this one's group). Only the main thread may set handlers; elsewhere nothing
+    changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_exit(signum, frame) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, raise_exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_in_own_session(cmd: list[str], timeout: float, grace_s: float = 10.0) -> int | None:
     """Run ``cmd`` in a session (process group) of its own and wait at most ``timeout`` seconds: its exit code,
     or None where it was stopped at the limit. Then whatever it started and left running (a `slidedp train`
@@ -85,22 +106,14 @@ def run_in_own_session(cmd: list[str], timeout: float, grace_s: float = 10.0) ->
     Outside signals reach the group through this process: a SIGTERM to it (the device scripts' `timeout`, which
     signals only its own process group, and the group here is not in it) or Ctrl-C ends the group, then this
     process; a SIGKILL to it ends the group's leader through the kernel (parent-death signal)."""
-    from slidedp.runtime.lifetime import die_with_parent
-
-    def terminated(signum, frame) -> None:
-        raise SystemExit(128 + signum)  # through the finally below
-
-    in_main = threading.current_thread() is threading.main_thread()  # only there may signal handlers be set
-    previous = signal.signal(signal.SIGTERM, terminated) if in_main else None
-    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent)
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None
-    finally:
-        end_process_group(proc, grace_s)
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
+    with sigterm_raises_exit():
+        proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            end_process_group(proc, grace_s)
 
 
 def end_process_group(proc: subprocess.Popen, grace_s: float) -> None:
@@ -136,8 +149,6 @@ def train_run(model: str, seq: int, policy_path: Path, steps: int, out: Path, *,
     if batch is not None:
         cmd += ["--batch", str(batch)]
     print(f"=== {' '.join(cmd[3:])}", flush=True)
-    from slidedp.runtime.lifetime import die_with_parent
-
     # SIGTERM (the trainer's orderly stop) when the driver that started it dies, however it dies.
     proc = subprocess.run(cmd, check=False, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     summary = Path(out) / "summary.json"

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 
-from benchmarks.common import end_process_group, log
+from benchmarks.common import end_process_group, log, sigterm_raises_exit
 from benchmarks.peer_setup import BETAS, CLIP, EPS, LR
 from slidedp.runtime.lifetime import die_with_parent
 
@@ -334,35 +334,25 @@ def run_logged(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float, l
                             bufsize=1, preexec_fn=die_with_parent, start_new_session=True)  # dies with the worker
     stopped = threading.Event()
 
-    def kill_peer() -> None:
+    def stop() -> None:
+        stopped.set()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # the peer and whatever it started (its session)
 
-    def stop() -> None:
-        stopped.set()
-        kill_peer()
-
-    def terminated(signum, frame) -> None:
-        kill_peer()
-        os._exit(128 + signum)
-
-    in_main = threading.current_thread() is threading.main_thread()  # only there may signal handlers be set
-    previous = signal.signal(signal.SIGTERM, terminated) if in_main else None
     timer = threading.Timer(timeout, stop)
     timer.start()
     lines: Lines = []
-    try:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("w") as f:
-            for line in proc.stdout:
-                lines.append((time.monotonic(), line.rstrip("\n")))
-                f.write(line)
-        code = proc.wait()
-    finally:
-        timer.cancel()
-        end_process_group(proc, grace_s=5.0)  # anything of the peer's still running: not beside the next run
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
+    with sigterm_raises_exit():
+        try:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with log_path.open("w") as f:
+                for line in proc.stdout:
+                    lines.append((time.monotonic(), line.rstrip("\n")))
+                    f.write(line)
+            code = proc.wait()
+        finally:
+            timer.cancel()
+            end_process_group(proc, grace_s=5.0)  # anything of the peer's still running: not beside the next run
     return (None if stopped.is_set() else code), lines
 
 

@@ -184,14 +184,13 @@ def _time_ops(work: UnitWork, gpu: GPUSpec) -> Unit:
 
 def build_units(m: ModelSpec, gpu: GPUSpec, activation: str, micro_batch: int, accumulation: int,
                 seq: int, loss_chunk_tokens: int = 4096, seq_tile_tokens: int = 0,
-                attention_span: float | None = None, attention: str = "sdpa", kept_layers: int = 0
-                ) -> tuple[Unit, ...]:
+                attention_span: float | None = None, attention: str = "sdpa") -> tuple[Unit, ...]:
     """Streamed units with per-rank step times and FLOPs for one micro-batching and activation policy.
 
     Separate from StepWorkload so a tuner can reuse units across policies that share these inputs.
     """
     return time_units(unit_work(m, activation, micro_batch, accumulation, seq, loss_chunk_tokens, seq_tile_tokens,
-                                attention_span, attention, kept_layers), gpu)
+                                attention_span, attention), gpu)
 
 
 def time_units(works: tuple[UnitWork, ...], gpu: GPUSpec) -> tuple[Unit, ...]:
