@@ -1,0 +1,116 @@
+"""One decoder layer's measured GPU working set against the memory model's (not a test; needs a GPU).
+
+The memory model counts what a layer saves for its backward (ModelSpec.layer_working_bytes). A sequence-tiled
+layer's backward also allocates transients over the whole sequence inside the attention's backward (flash
+attention's fp32 query-gradient accumulator, the key and value gradients expanded to every query head under
+grouped-query attention). This runs one layer's forward and backward through the runtime's own call
+(runtime.seq_tiles.run_layer) at several lengths and tiles, and writes, per case, the peak bytes the layer
+added over its weights and input against the model's count, and the per-token slope between lengths, so the
+memory model can be checked per token on the card itself. With ``--snapshot`` it also dumps torch's allocator
+history for the first case (torch.cuda.memory._dump_snapshot) to read the live set at the peak.
+
+    python -m benchmarks.layer_memory_probe --model benchmarks/results/next-h200/qwen3-14b-wide-8l.json \
+        --seqs 32768 65536 131072 --tiles 0 4096 --out /tmp/probe
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from runtime.hf_adapter import ModelAdapter, load_hf_config
+from runtime.seq_tiles import run_layer
+from slidedp.hardware import GIB
+from slidedp.model_spec import ModelSpec
+
+
+def layer_peak(adapter: ModelAdapter, seq: int, tile: int, device: torch.device) -> dict:
+    """Peak bytes one layer's forward + backward adds over its weights and its input, for one sequence."""
+    unit = next(u for u in adapter.units if u.kind == "layer")
+    layer = adapter.layer_module(unit)
+    gen = torch.Generator(device=device).manual_seed(0)
+    params = {p.name: (0.02 * torch.randn(p.shape, generator=gen, device=device)).to(torch.bfloat16)
+              .requires_grad_() for p in unit.params}
+    rotary = adapter.rotary(device)
+    pos = torch.arange(seq, device=device)[None]
+    x = (torch.randn(1, seq, adapter.config.hidden_size, generator=gen, device=device)).to(torch.bfloat16)
+    x.requires_grad_()
+    pe = rotary(torch.empty(1, dtype=torch.bfloat16, device=device), pos)
+    kwargs = {"attention_mask": None, "position_embeddings": pe, "position_ids": pos}
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = run_layer(layer, params, x, kwargs, tile)
+    after_forward = torch.cuda.memory_allocated() - base
+    grad = torch.ones_like(out)
+    out.backward(grad)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out, grad, params, x
+    torch.cuda.empty_cache()
+    return {"peak_bytes": peak, "saved_after_forward_bytes": after_forward}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="preset or config.json (one layer of it is run)")
+    p.add_argument("--seqs", type=int, nargs="+", default=[32768, 65536, 131072])
+    p.add_argument("--tiles", type=int, nargs="+", default=[0, 4096])
+    p.add_argument("--snapshot", action="store_true", help="dump the allocator history of the first case")
+    p.add_argument("--out", default="layer_memory_probe")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("layer_memory_probe: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda")
+    cfg = load_hf_config(args.model)
+    cfg.num_hidden_layers = 1
+    adapter = ModelAdapter(cfg)
+    spec = ModelSpec.from_hf_config(cfg.to_dict(), name=Path(args.model).stem)
+    rows = []
+    for tile in args.tiles:
+        for seq in args.seqs:
+            snap = args.snapshot and not rows
+            if snap:
+                torch.cuda.memory._record_memory_history(max_entries=200000)
+            try:
+                measured = layer_peak(adapter, seq, tile, device)
+                status = "ok"
+            except torch.OutOfMemoryError as exc:
+                measured, status = {}, f"oom: {str(exc).splitlines()[0][:160]}"
+                torch.cuda.empty_cache()
+            if snap:
+                torch.cuda.memory._dump_snapshot(str(out / f"snapshot-s{seq}-t{tile}.pickle"))
+                torch.cuda.memory._record_memory_history(enabled=None)
+            modelled = spec.layer_working_bytes(seq, tile)
+            row = {"model": spec.name, "seq": seq, "tile": tile, "status": status,
+                   "model_working_bytes": modelled, **measured}
+            if measured:
+                row["measured_over_model"] = measured["peak_bytes"] / modelled
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    # Per-token slopes between consecutive lengths of a tile: what a longer sequence adds per token.
+    for tile in args.tiles:
+        ok = [r for r in rows if r["tile"] == tile and r["status"] == "ok"]
+        for a, b in zip(ok, ok[1:], strict=False):
+            slope = (b["peak_bytes"] - a["peak_bytes"]) / (b["seq"] - a["seq"])
+            model = (b["model_working_bytes"] - a["model_working_bytes"]) / (b["seq"] - a["seq"])
+            rows.append({"tile": tile, "between": [a["seq"], b["seq"]], "measured_bytes_per_token": slope,
+                         "model_bytes_per_token": model})
+            print(f"tile {tile}: {a['seq']}->{b['seq']}: measured {slope:,.0f} B/token, model {model:,.0f} "
+                  f"B/token; peak at {b['seq']}: {b['peak_bytes'] / GIB:.2f} GiB measured, "
+                  f"{b['model_working_bytes'] / GIB:.2f} modelled", flush=True)
+    with open(out / "probe.jsonl", "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
