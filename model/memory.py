@@ -80,18 +80,19 @@ def activation_bytes(w: StepWorkload) -> float:
     (``recompute``; its Policy.kept_layers hold their graphs instead of checkpoints, and the working set stays
     counted on top of them: a kept layer's backward allocates temporaries of about that size, so the count
     errs high by at most one working set), or the checkpoints of the prefetch window plus one working set
-    (``offload``). A layer's
-    working set and kept bytes are bounded by the sequence tile when Policy.seq_tile_tokens is set
-    (ModelSpec.layer_working_bytes). Shared with the peers' memory models (slidedp.peers), which all recompute
-    per decoder layer."""
+    (``offload``). A layer's working set and kept bytes are bounded by the sequence tile when
+    Policy.seq_tile_tokens is set, down to the attention backward's transients over the whole sequence, which
+    no tile bounds (ModelSpec.layer_working_bytes). Shared with the peers' memory models (slidedp.peers), which
+    all recompute per decoder layer."""
     m, pol = w.model, w.policy
     tile = pol.seq_tile_tokens
     ckpt = m.checkpoint_bytes_per_token() * w.tokens_per_rank
     working = m.layer_working_bytes(w.tokens_per_micro_batch, tile)
     if pol.activation == "keep":
-        # Untiled, the kept graphs are the working set; tiled, one tile's rerun comes on top of them.
-        rerun = m.tile_activation_bytes_per_token() * min(tile, w.tokens_per_micro_batch) if tile > 0 else 0.0
-        return m.layers * m.layer_kept_bytes(w.tokens_per_rank, tile) + ckpt + rerun
+        # The kept graphs, and on top of them the backward's transients of the layer in backward (tiled: one
+        # tile's rerun or the attention's backward, whichever is larger).
+        transient = m.layer_backward_transient_bytes(w.tokens_per_micro_batch, tile)
+        return m.layers * m.layer_kept_bytes(w.tokens_per_rank, tile) + ckpt + transient
     if pol.activation == "recompute":
         return (m.layers + 1) * ckpt + working + pol.kept_layers * kept_layer_bytes(w)
     return (pol.prefetch_depth + 1) * ckpt + working

@@ -11,7 +11,8 @@ weights, through ``functional_call``), so the numerics are transformers' and any
 recompute, offload) or packed mask works unchanged: the attention arguments pass straight through.
 
 The byte counts this bounds are ModelSpec.sequence_activation_bytes_per_token and
-tile_activation_bytes_per_token; the work a tile reruns is ModelSpec.tile_recompute_ops.
+tile_activation_bytes_per_token; what it cannot bound, the attention backward's transients over the whole
+sequence, is attention_backward_bytes_per_token; the work a tile reruns is ModelSpec.tile_recompute_ops.
 """
 
 from __future__ import annotations

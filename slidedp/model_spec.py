@@ -142,14 +142,36 @@ class ModelSpec:
         tiles are recomputed later, in the attention's backward, one at a time and smaller)."""
         return 8 * self.hidden + 4 * BF16_BYTES * self.ffn
 
-    def layer_working_bytes(self, tokens: int, tile: int) -> float:
-        """GPU bytes one layer's backward holds for ``tokens`` tokens of a micro-batch: every activation
-        autograd keeps (``tile`` = 0, untiled), or the sequence-wide part plus one tile's
-        (Policy.seq_tile_tokens = ``tile``)."""
+    def attention_backward_bytes_per_token(self) -> int:
+        """What the attention's backward allocates per token, over the whole sequence, beyond what the layer
+        saved for it (flash attention as SDPA runs it, also for packed rows): the gradients of its output and
+        of q, k and v (bf16), the kernel's fp32 accumulator of the query gradient, the key and value gradients
+        expanded to every query head under grouped-query attention (bf16; summed to the kv heads afterwards)
+        and an fp32 row term per head, plus the residual stream's gradient (bf16). In an untiled layer the
+        MLP's saved tensors are freed by then and are larger; in a tiled one they are one tile, so at long
+        sequences these transients, not the tile, bound the layer's working set (c17: 557,056 tokens went out
+        of GPU memory on a 5.31 GiB request, one expanded key/value gradient, where the saved bytes alone
+        fitted)."""
+        h, q, kv = self.hidden, self.q_dim, self.kv_dim
+        expanded = 2 * BF16_BYTES * q if self.kv_heads < self.heads else 0
+        return BF16_BYTES * (h + 2 * q + 2 * kv) + 4 * q + expanded + 4 * self.heads
+
+    def layer_backward_transient_bytes(self, tokens: int, tile: int) -> float:
+        """GPU bytes one layer's backward allocates on top of what it kept (:meth:`layer_kept_bytes`) for
+        ``tokens`` tokens: the larger of its two phases. Untiled, the attention's backward transients less
+        the MLP block's saved tensors, freed before it (never negative); tiled, one tile's rerun
+        (:meth:`tile_activation_bytes_per_token`) or the attention's backward over the whole sequence."""
+        attention = self.attention_backward_bytes_per_token() * tokens
         if tile <= 0:
-            return float(self.full_activation_bytes_per_token() * tokens)
-        return float(self.sequence_activation_bytes_per_token() * tokens
-                     + self.tile_activation_bytes_per_token() * min(tile, tokens))
+            return float(max(0, self.attention_backward_bytes_per_token() - self.tile_activation_bytes_per_token())
+                         * tokens)
+        return float(max(self.tile_activation_bytes_per_token() * min(tile, tokens), attention))
+
+    def layer_working_bytes(self, tokens: int, tile: int) -> float:
+        """GPU bytes one layer's backward holds at its peak for ``tokens`` tokens of a micro-batch: what
+        autograd kept (all of it when ``tile`` = 0, untiled; the sequence-wide part when tiled by
+        Policy.seq_tile_tokens = ``tile``) plus the backward's own transients."""
+        return self.layer_kept_bytes(tokens, tile) + self.layer_backward_transient_bytes(tokens, tile)
 
     def layer_kept_bytes(self, tokens: int, tile: int) -> float:
         """GPU bytes one layer keeps from its forward to its backward when the graph is kept (activation

@@ -39,18 +39,39 @@ def test_tiled_byte_counts_split_what_an_untiled_layer_keeps():
 
 
 @pytest.mark.parametrize("activation", ["keep", "recompute", "offload"])
-def test_working_set_shrinks_with_the_tile_as_predicted(activation):
+def test_working_set_shrinks_with_the_tile_down_to_the_attentions_backward(activation):
+    """A larger tile adds its rerun's bytes per token, until the tile is small enough that the attention's
+    backward over the whole sequence (the floor) is the layer's larger phase: below that the tile saves nothing."""
     m, hw = load_model_spec("qwen3-14b"), load_hardware("h100-sxm-x4")
     per_tile_token = m.tile_activation_bytes_per_token()
+    floor = m.attention_backward_bytes_per_token() * SEQ
+    tiles = (4096, 16384, 65536, 131072, 262144)
     mems = {t: estimate_memory(StepWorkload(m, hw, Policy(activation=activation, seq_tile_tokens=t), SEQ, 4))
-            for t in (0, 4096, 16384, 65536)}
-    for small, big in ((4096, 16384), (16384, 65536)):
+            for t in (0, *tiles)}
+    assert per_tile_token * 4096 < floor < per_tile_token * 131072  # both regimes are in the sweep
+    for small, big in zip(tiles, tiles[1:], strict=False):
         grown = mems[big].gpu_activations - mems[small].gpu_activations
-        assert grown == pytest.approx(per_tile_token * (big - small))
+        assert grown == pytest.approx(max(per_tile_token * big, floor) - max(per_tile_token * small, floor))
         assert mems[big].gpu_weights == mems[small].gpu_weights and mems[big].gpu_loss == mems[small].gpu_loss
     saved = mems[0].gpu_activations - mems[4096].gpu_activations
     layers = m.layers if activation == "keep" else 1  # keep holds every layer's graph
-    assert saved > 0.9 * layers * (m.full_activation_bytes_per_token() - m.sequence_activation_bytes_per_token()) * SEQ
+    kept_less = (m.full_activation_bytes_per_token() - m.sequence_activation_bytes_per_token()) * SEQ
+    assert saved > 0.9 * (layers * kept_less - floor)
+
+
+def test_the_attentions_backward_counts_expanded_gradients_only_under_grouped_query_attention():
+    """Flash attention's backward expands the key and value gradients to every query head when there are
+    fewer kv heads; with as many kv heads as query heads nothing is expanded. Untiled, the MLP's saved
+    tensors (freed before the attention's backward) are larger, so nothing is added on top of them."""
+    gqa = load_model_spec("qwen3-14b")
+    mha = replace(gqa, kv_heads=gqa.heads)
+    h, q = gqa.hidden, gqa.q_dim
+    assert gqa.attention_backward_bytes_per_token() == 2 * (h + 2 * q + 2 * gqa.kv_dim) + 4 * q + 4 * q + 4 * gqa.heads
+    assert mha.attention_backward_bytes_per_token() == 2 * (h + 2 * q + 2 * mha.kv_dim) + 4 * q + 4 * mha.heads
+    for m in (gqa, mha):
+        assert m.layer_working_bytes(SEQ, 0) == m.full_activation_bytes_per_token() * SEQ
+        tiled = m.layer_working_bytes(SEQ, 4096)
+        assert tiled == (m.sequence_activation_bytes_per_token() + m.attention_backward_bytes_per_token()) * SEQ
 
 
 @pytest.mark.parametrize("curves", [True, False])
