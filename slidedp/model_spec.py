@@ -161,11 +161,10 @@ class ModelSpec:
         ``tokens`` tokens: the larger of its two phases. Untiled, the attention's backward transients less
         the MLP block's saved tensors, freed before it (never negative); tiled, one tile's rerun
         (:meth:`tile_activation_bytes_per_token`) or the attention's backward over the whole sequence."""
-        attention = self.attention_backward_bytes_per_token() * tokens
+        attention, mlp_block = self.attention_backward_bytes_per_token(), self.tile_activation_bytes_per_token()
         if tile <= 0:
-            return float(max(0, self.attention_backward_bytes_per_token() - self.tile_activation_bytes_per_token())
-                         * tokens)
-        return float(max(self.tile_activation_bytes_per_token() * min(tile, tokens), attention))
+            return float(max(0, attention - mlp_block) * tokens)
+        return float(max(mlp_block * min(tile, tokens), attention * tokens))
 
     def layer_working_bytes(self, tokens: int, tile: int) -> float:
         """GPU bytes one layer's backward holds at its peak for ``tokens`` tokens of a micro-batch: what
