@@ -72,6 +72,20 @@ def one_per_core(cpus: list[int], siblings: dict[int, int]) -> list[int] | None:
     return chosen
 
 
+def regular_pairs(cpus: list[int], found: dict[int, list[int]]) -> tuple[int | None, list[int] | None]:
+    """(k, one vCPU per core) when every probed vCPU has exactly one sibling at the same distance k, taken to
+    hold for all vCPUs (pairs (c, c + 1) for k = 1, else (c, c + k) within each run of 2k); (None, cpus) when no
+    probe found a sibling (one thread per core); (None, None) when the pattern is irregular."""
+    if not any(found.values()):
+        return None, cpus
+    offsets = {abs(qs[0] - p) for p, qs in found.items() if len(qs) == 1}
+    if len(offsets) != 1 or any(len(qs) != 1 for qs in found.values()):
+        return None, None
+    k = offsets.pop()
+    pairs = {c: c + k if (c // k) % 2 == 0 else c - k for c in cpus}
+    return k, one_per_core(cpus, pairs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -93,16 +107,7 @@ def main() -> None:
     report["ratio_with_other_busy"] = ratios
     found = {p: [q for q, r in row.items() if r < SIBLING_RATIO] for p, row in ratios.items()}
     report["siblings_found"] = found
-    # Regular pairs (p, p + k) for one offset k seen at every probe: extend to all vCPUs.
-    offsets = {(qs[0] - p) for p, qs in found.items() if len(qs) == 1}
-    if len(offsets) == 1 and all(len(qs) == 1 for qs in found.values()):
-        k = abs(offsets.pop())
-        pairs = {c: (c + k if (c // k) % 2 == 0 else c - k) for c in cpus} if k > 1 else \
-            {c: (c + 1 if c % 2 == 0 else c - 1) for c in cpus}
-        report["pair_offset"] = k
-        report["one_per_core"] = one_per_core(cpus, pairs)
-    else:
-        report["one_per_core"] = None if any(found.values()) else cpus
+    report["pair_offset"], report["one_per_core"] = regular_pairs(cpus, found)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "siblings.json").write_text(json.dumps(report, indent=1))
