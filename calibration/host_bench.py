@@ -47,11 +47,15 @@ def _adam_update(kernel, p: torch.Tensor, mom: torch.Tensor, var: torch.Tensor, 
 
 
 def host_benchmarks(quick: bool, progress: Progress | None = None) -> Measurements:
+    from slidedp.calibration.cpu_topology import probe_layout
     from slidedp.runtime.cpu_adam import fused_kernel
     from slidedp.runtime.host_state import host_buffer, placed_copy
 
     n = 4_000_000 if quick else 64_000_000
     m = Measurements(cache_resident=quick)
+    # Whether this host's vCPUs are whole cores decides what the rates below mean for another machine of the
+    # same type (calibration/cpu_topology.py): said in the report, measured in a few seconds.
+    m.report["cpu_cores"] = probe_layout(seconds=0.05 if quick else 0.15).describe()
     repeats = 2 if quick else 5
     src, p, slot = placed_copy(torch.randn(n)), placed_copy(torch.randn(n)), placed_copy(torch.randn(n).bfloat16())
     dst, mom, var = (host_buffer(n, torch.float32) for _ in range(3))
