@@ -11,7 +11,7 @@ source benchmarks/results/h200-2026-12-04/setup.sh
 O=/tmp/c23; mkdir -p $O runs
 { nvidia-smi --query-gpu=name,memory.total --format=csv; lscpu; free -g; } > $OUT/c23_host.txt 2>&1
 timeout $(left 130) python3 -m slidedp.cli calibrate --host-only --base h200-x1 \
-  --out runs/host-profile.yaml > $OUT/c23_calibrate.log 2>&1 && cp runs/host-profile.yaml $OUT/
+  --out runs/host-profile.yaml > $OUT/c23_calibrate.log 2>&1 && cp runs/host-profile.yaml $O/
 timeout $(left 230) python3 -m pytest -m gpu -v -rA -p no:cacheprovider tests/runtime/test_gpu_layer_memory.py \
   > $OUT/c23_gputest.log 2>&1
 timeout $(left 260) python3 -m benchmarks.cpu_siblings --out $O/sib --probe 0 1 > $OUT/c23_siblings.log 2>&1
@@ -28,5 +28,5 @@ done
 timeout $(left 470) python3 -m benchmarks.contention --out $O/ct --calibrate-first --threads 12 8 6 2 --repeats 3 \
   > $OUT/c23_ct.log 2>&1
 [ -n "$PLACES" ] && OMP_PLACES="$PLACES" OMP_PROC_BIND=close timeout $(left 560) python3 -m benchmarks.contention \
-  --out $O/ct_core --profile $O/ct/profile.yaml --threads 8 6 2 --repeats 3 > $OUT/c23_ct_core.log 2>&1
+  --out $O/ct_core --profile $O/ct/profile.yaml --threads 8 6 2 --repeats 3 2>&1 | sed 's/^/one-per-core /' >> $OUT/c23_ct.log
 pack_runs c23.tgz $O
