@@ -1,11 +1,11 @@
 """Which vCPUs of this host share a physical core, measured rather than read from sysfs.
 
 A cloud guest may list 16 cores of one thread each while its vCPUs are the two hyperthreads of 8 physical
-cores. The lent hosts of one machine type ran the compact-state update at 5.1-12.3 G params/s at 16 threads
-(benchmarks/RESULTS.md, "The lent hosts' compact update rates differ 2.4x"): that update is bound by a core's
-vector issue rate, so two hyperthreads of one core do the work of one. The calibrated rates already carry
-whatever this host is; the probe says why, so that a profile measured on one machine is not read as true for
-another of the same type, and so that a pass at fewer threads than vCPUs can be placed one per core.
+cores, and a pass bound by a core's vector units gains nothing from the second thread of a core. The lent hosts
+of one machine type ran the compact-state update at 5.1-12.6 G params/s at 16 threads; hyperthread siblings
+were one suspect, and this probe found none on the one host it has run on (c23, benchmarks/RESULTS.md
+"Thirteenth session's device calls": every pair with vCPU 0 or 1 at 0.98-0.99), where the rate still varied 2x.
+`slidedp calibrate` reports what the probe finds, so a profile says what kind of cores measured it.
 
 The probe: a vector-bound loop (fp32 matmul, one intra-op thread) on vCPU p alone, then on p and q at once,
 each loop a Python thread pinned to its vCPU (torch releases the GIL inside the matmul). p's rate with q busy
