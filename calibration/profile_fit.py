@@ -33,6 +33,14 @@ def dram_capacity_gbps(m: Measurements) -> float:
     return max(candidates)
 
 
+def duplex_gbps(m: Measurements) -> float | None:
+    """H2D + D2H at once, both directions' GB/s together: the PCIe benchmark's, else the contention benchmark's
+    copies alone (the same two copies, timed before its AdamW pass joins them). Without the second, a CPU-side
+    calibration kept another machine's cap: c23's H100 host moved 73.5 GB/s both ways where h200-x1 says 101.1,
+    and its held-out copy experiments were predicted 35% fast (benchmarks/RESULTS.md, "Held-out contention")."""
+    return m.duplex_gbps or m.contention.get("dma_gbps_alone") or None
+
+
 def contention_profile(c: dict[str, float]) -> tuple[dict[str, float], float]:
     """Interference factors and the CPU passes' DRAM weight from ``contention_bench``'s measurements.
 
@@ -95,8 +103,10 @@ def profile_from(base: HardwareProfile, m: Measurements) -> tuple[HardwareProfil
             gpu = replace(gpu, **{field_name: fit.bandwidth_Bps / 1e9, "pcie_latency_us": fit.latency_s * 1e6})
             report[field_name] = {"value": fit.bandwidth_Bps / 1e9, "latency_us": fit.latency_s * 1e6,
                                   "residual": fit.residual}
-    if m.duplex_gbps:
-        gpu = replace(gpu, duplex_gbps=m.duplex_gbps)
+    duplex = duplex_gbps(m)
+    if duplex:
+        gpu = replace(gpu, duplex_gbps=duplex)
+        report["duplex_gbps"] = duplex
     if m.gpu_adam_gparams_per_s:
         gpu = replace(gpu, adam_gparams_per_s=m.gpu_adam_gparams_per_s)
         report["gpu_adam_gparams_per_s"] = m.gpu_adam_gparams_per_s

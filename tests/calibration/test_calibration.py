@@ -291,6 +291,18 @@ def test_quick_host_passes_keep_the_base_dram_capacity():
     assert profile.host.mem_bw_gbps == pytest.approx(300.0)  # the most traffic one pass moved
 
 
+def test_the_duplex_cap_comes_from_this_hosts_copies_where_pcie_was_not_benchmarked():
+    base = load_hardware("h200-x1")
+    m = Measurements(stream_gbps={1: 10.0, 16: 150.0}, adam_gparams_per_s={1: 1.0, 16: 5.0},
+                     cast_gelems_per_s={1: 1.0})
+    assert profile_from(base, m)[0].gpu.duplex_gbps == base.gpu.duplex_gbps  # nothing measured: the base's
+    contention = {"adam_alone_s": 0.045, "adam_with_h2d+d2h_s": 0.06, "dma_gbps_alone": 73.5,
+                  "dma_gbps_with_adam": 50.9, "total_gbps": 176.0}
+    profile, report = profile_from(base, replace(m, contention=contention))
+    assert profile.gpu.duplex_gbps == pytest.approx(73.5) and report["duplex_gbps"] == pytest.approx(73.5)
+    assert profile_from(base, replace(m, contention=contention, duplex_gbps=80.0))[0].gpu.duplex_gbps == 80.0
+
+
 def test_compute_curves_that_are_not_credible_keep_the_base_family():
     """Attention samples faster than the chip's peak: the attention parameters stay the base profile's."""
     from slidedp import compute as c
