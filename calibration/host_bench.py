@@ -53,8 +53,8 @@ def host_benchmarks(quick: bool, progress: Progress | None = None) -> Measuremen
 
     n = 4_000_000 if quick else 64_000_000
     m = Measurements(cache_resident=quick)
-    # Whether this host's vCPUs are whole cores decides what the rates below mean for another machine of the
-    # same type (calibration/cpu_topology.py): said in the report, measured in a few seconds.
+    # Whether this host's vCPUs are whole cores (calibration/cpu_topology.py, a few seconds): the report says
+    # what kind of cores measured the rates below.
     m.report["cpu_cores"] = probe_layout(seconds=0.05 if quick else 0.15).describe()
     repeats = 2 if quick else 5
     src, p, slot = placed_copy(torch.randn(n)), placed_copy(torch.randn(n)), placed_copy(torch.randn(n).bfloat16())
