@@ -48,9 +48,9 @@ class CoreLayout:
             return f"{n} vCPUs; the probe's siblings are irregular ({self.siblings}): cores not known"
         if self.pair_offset is None:
             return f"{n} vCPUs, no two of the probed share a core: {n} cores"
-        return (f"{n} vCPUs are {self.cores} cores x 2 threads (measured: vCPU c shares a core with c "
-                f"{'+-'} {self.pair_offset}); a pass bound by the cores' vector units gains nothing from the "
-                f"second thread")
+        return (f"{n} vCPUs are {self.cores} cores x 2 threads (measured: vCPU c shares a core with c +- "
+                f"{self.pair_offset}); a pass bound by the cores' vector units gains nothing from the second "
+                f"thread")
 
 
 def _loop_rate(cpu: int, seconds: float, start: threading.Barrier, out: dict[int, float]) -> None:
@@ -116,12 +116,13 @@ def layout_from(vcpus: list[int], ratios: dict[int, dict[int, float]]) -> CoreLa
     return CoreLayout(vcpus, ratios, found, offset, per_core)
 
 
-def probe_layout(probes: tuple[int, ...] = (0,), seconds: float = 0.15) -> CoreLayout:
-    """Pair each of ``probes`` (those this process may run on) with every other vCPU: about
-    (vCPUs + 1) x ``seconds`` per probe."""
+def probe_layout(probes: tuple[int, ...] | None = None, seconds: float = 0.15) -> CoreLayout:
+    """Pair each of ``probes`` (those this process may run on; default: the first vCPU it may run on) with
+    every other vCPU: about (vCPUs + 1) x ``seconds`` per probe. A process limited to vCPUs without 0 (taskset,
+    a container's cpuset) still probes one, rather than reporting "no siblings" from no probe at all."""
     vcpus = sorted(os.sched_getaffinity(0))
     ratios: dict[int, dict[int, float]] = {}
-    for p in (p for p in probes if p in vcpus):
+    for p in (p for p in (probes or vcpus[:1]) if p in vcpus):
         alone = rates_together([p], seconds)[p]
         ratios[p] = {q: rates_together([p, q], seconds)[p] / alone for q in vcpus if q != p}
     return layout_from(vcpus, ratios)

@@ -46,3 +46,5 @@ def test_the_probe_runs_here_and_restores_torchs_thread_count():
     assert isinstance(layout, CoreLayout) and torch.get_num_threads() == before
     assert set(layout.ratios.get(0, {})) == set(layout.vcpus) - {0}
     assert all(r > 0 for r in layout.ratios.get(0, {}).values())
+    first = min(layout.vcpus)
+    assert list(probe_layout(seconds=0.02).ratios) == [first]  # by default the first vCPU it may run on
