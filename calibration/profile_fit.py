@@ -28,7 +28,7 @@ def dram_capacity_gbps(m: Measurements) -> float:
     bytes_per_param = FUSED_ADAM_HOST_BYTES if m.adam_fused_cast else ADAM_HOST_BYTES_BASE + 4
     candidates = [max(m.stream_gbps.values(), default=0.0),
                   max(m.adam_gparams_per_s.values(), default=0.0) * bytes_per_param,
-                  m.duplex_gbps or 0.0,
+                  duplex_gbps(m) or 0.0,
                   m.contention.get("total_gbps", 0.0)]
     return max(candidates)
 
