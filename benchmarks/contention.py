@@ -49,42 +49,22 @@ def predict(profile: str, params: int, threads: tuple[int, ...] = THREADS) -> di
     """Each experiment's flows in the fluid network: seconds of the AdamW pass, GB/s of each copy."""
     from slidedp.hardware import load_hardware
     from slidedp.resources import adam_host_bytes_per_param, dma_usage
+    from slidedp.sim.fluid import ENDLESS_BYTES, pass_beside_copies, run_flows
 
     hw = load_hardware(profile)
     per_param = adam_host_bytes_per_param(2, hw.host.fused_cast)
-    endless = 1e15  # copies that outlast every window
-    copy = {d: (endless, dma_usage(hw, 0, d), float("inf")) for d in ("h2d", "d2h")}
+    copy = {d: (ENDLESS_BYTES, dma_usage(hw, 0, d), float("inf")) for d in ("h2d", "d2h")}
     out: dict = {"profile": hw.name, "params": params, "mem_bw_gbps": hw.host.mem_bw_gbps}
     for name, t, dirs in experiments(threads):
-        adam = (per_param * params, {"hostmem": 1.0}, hw.host.adam_rate(t) * per_param)
-        run = _fluid(hw, {"adam": adam, **{d: copy[d] for d in dirs}}, until="adam")
-        out[f"{name}_s"] = run["adam_end"]
+        run = pass_beside_copies(hw, per_param * params, hw.host.adam_rate(t) * per_param, dirs)
+        out[f"{name}_s"] = run["cpu_end"]
         if dirs == ("h2d", "d2h"):
             out[f"dma@adam{t}_h2d_gbps"], out[f"dma@adam{t}_d2h_gbps"] = run["h2d"] / 1e9, run["d2h"] / 1e9
-    alone = _fluid(hw, {"h2d": copy["h2d"], "d2h": copy["d2h"]}, until=1.0)
+    alone = run_flows(hw, {"h2d": copy["h2d"], "d2h": copy["d2h"]}, until=1.0)
     out["dma_h2d_gbps"], out["dma_d2h_gbps"] = alone["h2d"] / 1e9, alone["d2h"] / 1e9
-    out["h2d_x1_gbps"] = _fluid(hw, {"a": copy["h2d"]}, until=1.0)["a"] / 1e9
-    two = _fluid(hw, {"a": copy["h2d"], "b": copy["h2d"]}, until=1.0)
+    out["h2d_x1_gbps"] = run_flows(hw, {"a": copy["h2d"]}, until=1.0)["a"] / 1e9
+    two = run_flows(hw, {"a": copy["h2d"], "b": copy["h2d"]}, until=1.0)
     out["h2d_x2_gbps"] = (two["a"] + two["b"]) / 1e9
-    return out
-
-
-def _fluid(hw, flows: dict[str, tuple[float, dict, float]], until: str | float) -> dict[str, float]:
-    """Start ``flows`` together in the simulator's fluid network and run until flow ``until`` ends (or ``until``
-    seconds): the bytes/s each flow averaged over that window, and the window's end as ``<until>_end``."""
-    import simpy
-
-    from slidedp.sim.fluid import host_network
-
-    env = simpy.Environment()
-    net = host_network(env, hw)
-    done = {name: net.transfer(amount, usage, cap) for name, (amount, usage, cap) in flows.items()}
-    env.run(until=done[until] if isinstance(until, str) else until)
-    t = env.now
-    left = net.remaining()
-    out = {name: (flows[name][0] - left.get(ev, 0.0)) / t for name, ev in done.items()}
-    if isinstance(until, str):
-        out[f"{until}_end"] = t
     return out
 
 

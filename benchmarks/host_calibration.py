@@ -50,7 +50,7 @@ def main() -> int:
     host = replace(base.host, mem_bw_gbps=round(capacity, 1),
                    peer_adam_gparams_per_s={**base.host.peer_adam_gparams_per_s, **m.peer_adam_gparams_per_s})
     if m.contention:
-        factors, weight = contention_profile(m.contention)
+        factors, weight = contention_profile(m.contention, replace(base, host=host))
         host = replace(host, dma_interference=factors, cpu_dram_weight=weight)
     replace(base, host=host).save(out / "profile.yaml")
     (out / "measured.json").write_text(json.dumps(

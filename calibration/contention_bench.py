@@ -126,6 +126,7 @@ def contention_benchmark(m: Measurements, quick: bool) -> None:
     rig.adam()  # warm-up: pages touched, threads started
     rig.copies(("h2d", "d2h"), seconds=0.3)
     out: dict[str, float] = {"params": rig.params, "adam_bytes_per_param": rig.adam_bytes_per_param,
+                             "threads": torch.get_num_threads(),
                              "adam_alone_s": statistics.median(rig.adam() for _ in range(repeats))}
     for key, dirs in (("h2d", ("h2d",)), ("d2h", ("d2h",)), ("h2d+d2h", ("h2d", "d2h"))):
         out[f"adam_with_{key}_s"] = statistics.median(rig.adam_during(dirs)[0] for _ in range(repeats))

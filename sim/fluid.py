@@ -24,7 +24,7 @@ from collections.abc import Callable
 import simpy
 
 from slidedp.hardware import HardwareProfile
-from slidedp.resources import CPU_PASS, flow_class, resource_capacities
+from slidedp.resources import CPU_PASS, dma_usage, flow_class, resource_capacities
 
 _EPS = 1e-12
 
@@ -122,6 +122,36 @@ def host_network(env: simpy.Environment, hw: HardwareProfile, hosts: int = 1) ->
     passes classified and slowed by the host's measured DMA interference."""
     return FluidNetwork(env, resource_capacities(hw, hosts), flow_class, hw.host.interference,
                         hw.host.cpu_dram_weight)
+
+
+def run_flows(hw: HardwareProfile, flows: dict[str, tuple[float, dict[str, float], float]],
+              until: str | float) -> dict[str, float]:
+    """Start ``flows`` (name: bytes, resource usage, cap in bytes/s) together on ``hw``'s host network and run
+    until flow ``until`` ends (or for ``until`` seconds): the bytes/s each flow averaged over that window, and the
+    window's end as ``<until>_end``. The contention experiments (benchmarks/contention.py) are predicted with
+    it, and the calibration fits the CPU passes' DRAM weight with it (calibration.profile_fit)."""
+    env = simpy.Environment()
+    net = host_network(env, hw)
+    done = {name: net.transfer(amount, usage, cap) for name, (amount, usage, cap) in flows.items()}
+    env.run(until=done[until] if isinstance(until, str) else until)
+    t = env.now
+    left = net.remaining()
+    out = {name: (flows[name][0] - left.get(ev, 0.0)) / t for name, ev in done.items()}
+    if isinstance(until, str):
+        out[f"{until}_end"] = t
+    return out
+
+
+ENDLESS_BYTES = 1e15  # a copy that outlasts every window it is run in
+
+
+def pass_beside_copies(hw: HardwareProfile, pass_bytes: float, pass_cap: float,
+                       directions: tuple[str, ...], gpu: int = 0) -> dict[str, float]:
+    """A CPU pass of ``pass_bytes`` over host DRAM at up to ``pass_cap`` bytes/s while copies in ``directions``
+    (h2d, d2h) run the whole time: its seconds (``cpu_end``) and each copy's bytes/s over the pass."""
+    flows = {"cpu": (pass_bytes, {"hostmem": 1.0}, pass_cap)}
+    flows.update({d: (ENDLESS_BYTES, dma_usage(hw, gpu, d), math.inf) for d in directions})
+    return run_flows(hw, flows, until="cpu")
 
 
 def _solo_weight(f: _Flow, capacity: list[float], cpu_weight: float) -> float:

@@ -200,14 +200,39 @@ def test_copies_keep_a_share_when_cpu_passes_alone_would_fill_dram():
 
 
 def test_contention_fit_recovers_interference_and_weight_from_synthetic_measurements():
-    """calibration.profile_fit.contention_profile: factors = times with copies over alone; weight = the copies'
-    rate alone over during; and the simulator then reproduces the calibration experiment it came from."""
-    from slidedp.calibration.profile_fit import contention_profile
+    """calibration.profile_fit.contention_profile: factors = times with copies over alone; the weight is the
+    smallest with which the simulator, re-running the calibration experiment, gives the copies what they measured
+    (or, where the pass's interference limit leaves them more whatever the weight, puts the pass at that limit)."""
+    from dataclasses import replace
 
-    c = {"adam_alone_s": 0.064, "adam_with_h2d_s": 0.0734, "adam_with_d2h_s": 0.0917, "adam_with_h2d+d2h_s": 0.094,
-         "dma_gbps_alone": 97.5, "dma_gbps_with_adam": 69.6}
-    factors, weight = contention_profile(c)
+    from slidedp.calibration.profile_fit import contention_profile, fit_cpu_dram_weight
+    from slidedp.hardware import load_hardware
+    from slidedp.sim.fluid import pass_beside_copies
+
+    hw = load_hardware("h200-x1")
+    c = {"params": 2**28, "adam_bytes_per_param": 28, "threads": 16, "adam_alone_s": 0.064, "adam_with_h2d_s": 0.0734,
+         "adam_with_d2h_s": 0.0917, "adam_with_h2d+d2h_s": 0.094, "dma_gbps_alone": 97.5, "dma_gbps_with_adam": 69.6}
+    factors, weight = contention_profile(c, hw)
     assert factors == {"h2d": pytest.approx(1.147), "d2h": pytest.approx(1.433), "h2d+d2h": pytest.approx(1.469)}
-    assert weight == pytest.approx(1.401)
-    assert contention_profile({**c, "adam_with_h2d_s": 0.05, "dma_gbps_with_adam": 120.0}) == (
-        {"h2d": 1.0, "d2h": pytest.approx(1.433), "h2d+d2h": pytest.approx(1.469)}, 1.0)  # never below 1
+    fitted = replace(hw, host=replace(hw.host, dma_interference=factors, cpu_dram_weight=weight))
+    pass_bytes, cap = 28 * 2**28, hw.host.adam_rate(16) * 28
+
+    def copies(profile) -> float:
+        run = pass_beside_copies(profile, pass_bytes, cap, ("h2d", "d2h"))
+        return (run["h2d"] + run["d2h"]) / 1e9
+
+    # In-sample, the simulator gives the copies the 69.6 GB/s they measured (and so the pass the 80 GB/s it moved,
+    # this profile's DRAM capacity being their total).
+    assert copies(fitted) == pytest.approx(69.6, rel=0.01)
+    below = replace(fitted, host=replace(fitted.host, cpu_dram_weight=weight * 0.95))
+    assert copies(below) > 69.6 * 1.005  # and the weight is the smallest that does it
+    # Copies that got more during the pass than the weight-1 sharing gives: weight 1.
+    assert fit_cpu_dram_weight(fitted, {**c, "dma_gbps_with_adam": 90.0}) == pytest.approx(1.0)
+    # Copies that got less than any weight leaves them (the pass at its interference limit, 126.6 / 1.469 GB/s,
+    # and the copies what DRAM leaves, 63.4): the smallest weight that puts the pass there.
+    tight = fit_cpu_dram_weight(fitted, {**c, "dma_gbps_with_adam": 40.0})
+    floor = 149.6 - hw.host.adam_rate(16) * 28 / 1.469 / 1e9
+    assert copies(replace(fitted, host=replace(fitted.host, cpu_dram_weight=tight))) == pytest.approx(floor, rel=1e-3)
+    assert copies(replace(fitted, host=replace(fitted.host, cpu_dram_weight=tight * 0.95))) > floor * 1.005
+    assert contention_profile({**c, "adam_with_h2d_s": 0.05}, hw)[0]["h2d"] == 1.0  # never below 1
+    assert fit_cpu_dram_weight(hw, {k: v for k, v in c.items() if k != "dma_gbps_with_adam"}) == 1.0

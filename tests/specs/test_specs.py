@@ -83,7 +83,7 @@ def test_h200_profile_carries_the_measurements():
     assert hw.host.adam_rate(8) == pytest.approx(3.874e9)
     assert hw.host.fused_cast and hw.host.mem_bw_gbps == pytest.approx(80.0 + 69.6)  # pass + copies, together
     assert hw.host.interference("h2d+d2h") == pytest.approx(0.094 / 0.064, rel=1e-3)
-    assert hw.host.cpu_dram_weight == pytest.approx(97.5 / 69.6, rel=1e-3)
+    assert hw.host.cpu_dram_weight == pytest.approx(1.469)  # calibration.profile_fit.fit_cpu_dram_weight
 
 
 def test_thread_curve_interpolation():
