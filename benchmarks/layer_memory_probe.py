@@ -7,7 +7,9 @@ grouped-query attention). This runs one layer's forward and backward through the
 (runtime.seq_tiles.run_layer) at several lengths and tiles, and writes, per case, the peak bytes the layer
 added over its weights and input against the model's count, and the per-token slope between lengths, so the
 memory model can be checked per token on the card itself. With ``--snapshot`` it also dumps torch's allocator
-history for the first case (torch.cuda.memory._dump_snapshot) to read the live set at the peak.
+history for the first case (torch.cuda.memory._dump_snapshot) to read the live set at the peak; with ``--live``
+it records every case's history and writes the allocations live at its peak, grouped by size and by where they
+were allocated (live-s<seq>-t<tile>.json), small enough to bring back and compare between lengths.
 
     python -m benchmarks.layer_memory_probe --model benchmarks/results/next-h200/qwen3-14b-wide-8l.json \
         --seqs 32768 65536 131072 --tiles 0 4096 --out /tmp/probe
@@ -55,12 +57,38 @@ def layer_peak(adapter: ModelAdapter, seq: int, tile: int, device: torch.device)
     return {"peak_bytes": peak, "saved_after_forward_bytes": after_forward}
 
 
+def live_at_peak(snapshot: dict, frames: int = 6) -> dict:
+    """Replay an allocator history (torch.cuda.memory._snapshot()) and return the allocations live when the
+    allocated bytes peaked: total and rows of (bytes, count, where), the largest first. ``where`` is the
+    innermost ``frames`` Python frames outside torch's own files, so a row names the code that asked."""
+    live: dict[int, tuple[int, str]] = {}
+    total = peak = 0
+    at_peak: dict[int, tuple[int, str]] = {}
+    for event in snapshot["device_traces"][0]:
+        action, addr, size = event["action"], event["addr"], event["size"]
+        if action == "alloc":
+            where = " < ".join(f"{Path(f['filename']).name}:{f['line']}:{f['name']}" for f in event["frames"]
+                               if "/torch/" not in f["filename"] and f["filename"].endswith(".py"))
+            live[addr] = (size, " < ".join(where.split(" < ")[:frames]))
+            total += size
+            if total > peak:
+                peak, at_peak = total, dict(live)
+        elif action in ("free_requested", "free_completed") and addr in live:  # allocated stats drop at the first
+            total -= live.pop(addr)[0]
+    rows: dict[tuple[int, str], int] = {}
+    for size, where in at_peak.values():
+        rows[(size, where)] = rows.get((size, where), 0) + 1
+    ordered = sorted(rows.items(), key=lambda kv: -kv[0][0] * kv[1])
+    return {"peak_bytes": peak, "rows": [{"bytes": size, "count": n, "where": where} for (size, where), n in ordered]}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="preset or config.json (one layer of it is run)")
     p.add_argument("--seqs", type=int, nargs="+", default=[32768, 65536, 131072])
     p.add_argument("--tiles", type=int, nargs="+", default=[0, 4096])
     p.add_argument("--snapshot", action="store_true", help="dump the allocator history of the first case")
+    p.add_argument("--live", action="store_true", help="write every case's live allocations at its peak")
     p.add_argument("--out", default="layer_memory_probe")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -77,7 +105,7 @@ def main() -> int:
     for tile in args.tiles:
         for seq in args.seqs:
             snap = args.snapshot and not rows
-            if snap:
+            if snap or args.live:
                 torch.cuda.memory._record_memory_history(max_entries=200000)
             try:
                 measured = layer_peak(adapter, seq, tile, device)
@@ -85,8 +113,12 @@ def main() -> int:
             except torch.OutOfMemoryError as exc:
                 measured, status = {}, f"oom: {str(exc).splitlines()[0][:160]}"
                 torch.cuda.empty_cache()
+            if args.live:
+                live = live_at_peak(torch.cuda.memory._snapshot())
+                (out / f"live-s{seq}-t{tile}.json").write_text(json.dumps(live, indent=1))
             if snap:
                 torch.cuda.memory._dump_snapshot(str(out / f"snapshot-s{seq}-t{tile}.pickle"))
+            if snap or args.live:
                 torch.cuda.memory._record_memory_history(enabled=None)
             modelled = spec.layer_working_bytes(seq, tile)
             row = {"model": spec.name, "seq": seq, "tile": tile, "status": status,

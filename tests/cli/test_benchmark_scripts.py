@@ -120,10 +120,10 @@ def test_contention_predictions_follow_the_profiles_caps(tmp_path):
     assert p["dma@adam16_h2d_gbps"] < p["dma@adam8_h2d_gbps"] < p["dma_h2d_gbps"]  # a faster pass takes more DRAM
     # alone: the one-pass rate at 16 threads (4.523 G params/s x 28 B), below host DRAM (149.6 GB/s)
     assert p["adam16_s"] == pytest.approx(2**24 * 28 / (4.523e9 * 28))
-    # with both copies: the pass's solo rate divided by the interference (1.469) and weighted 1.401 against the
-    # copies' solo rates (55.14 / 55.04 GB/s alone) while DRAM is full
+    # with both copies: the pass's solo rate divided by the interference (1.469) and weighted 1.469 (the DRAM
+    # weight, host.cpu_dram_weight) against the copies' solo rates (55.14 / 55.04 GB/s alone) while DRAM is full
     limit = 4.523e9 * 28 / 1.469
-    share = 149.6e9 * 1.401 * limit / (1.401 * limit + 55.14e9 + 55.04e9)
+    share = 149.6e9 * 1.469 * limit / (1.469 * limit + 55.14e9 + 55.04e9)
     assert p["adam16+h2d+d2h_s"] == pytest.approx(2**24 * 28 / share, rel=1e-3)
 
 

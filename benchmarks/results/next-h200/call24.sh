@@ -23,7 +23,7 @@ done
 python3 -c "import json; from tests.builders import TINY; from tests.runtime.test_gpu_layer_memory import SHAPE; \
 json.dump(dict(TINY['qwen3'], **SHAPE), open('$O/layer.json', 'w'))" > $OUT/c24_probe.log 2>&1
 timeout $(left 400) python3 -m benchmarks.layer_memory_probe --model $O/layer.json --seqs 8192 16384 --tiles 1024 0 \
-  --snapshot --out $O/probe >> $OUT/c24_probe.log 2>&1
+  --live --out $O/probe >> $OUT/c24_probe.log 2>&1
 timeout $(left 420) python3 -m benchmarks.update_spread --rounds 4 --params 128000000 --out $O/spread2 \
   > $OUT/c24_spread2.log 2>&1
 pack_runs c24.tgz $O
