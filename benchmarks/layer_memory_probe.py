@@ -67,9 +67,12 @@ def live_at_peak(snapshot: dict, frames: int = 6) -> dict:
     for event in snapshot["device_traces"][0]:
         action, addr, size = event["action"], event["addr"], event["size"]
         if action == "alloc":
-            where = " < ".join(f"{Path(f['filename']).name}:{f['line']}:{f['name']}" for f in event["frames"]
-                               if "/torch/" not in f["filename"] and f["filename"].endswith(".py"))
-            live[addr] = (size, " < ".join(where.split(" < ")[:frames]))
+            py = [f"{Path(f['filename']).name}:{f['line']}:{f['name']}" for f in event["frames"]
+                  if "/torch/" not in f["filename"] and f["filename"].endswith(".py")]
+            # Allocations on autograd's thread have no Python frames: name the C++ operators instead.
+            cpp = [f["name"][:80] for f in event["frames"] if not f["filename"].endswith(".py")
+                   and "Allocator" not in f["name"] and not f["name"].startswith(("c10::", "std::", "??"))]
+            live[addr] = (size, " < ".join((py or cpp)[:frames]))
             total += size
             if total > peak:
                 peak, at_peak = total, dict(live)

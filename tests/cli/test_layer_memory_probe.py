@@ -19,3 +19,11 @@ def test_live_at_peak_replays_allocs_and_frees_and_groups_what_was_live():
     assert live["peak_bytes"] == 280
     assert live["rows"] == [{"bytes": 100, "count": 2, "where": "a.py:7:forward"},
                             {"bytes": 80, "count": 1, "where": "c.py:7:forward"}]
+
+
+def test_an_allocation_without_python_frames_is_named_by_its_operators():
+    frames = [{"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::malloc"},
+              {"filename": "/lib/libtorch.so", "line": 0, "name": "at::native::flash_attention_backward"},
+              {"filename": "/lib/libtorch.so", "line": 0, "name": "torch::autograd::Engine::thread_main"}]
+    live = live_at_peak({"device_traces": [[{"action": "alloc", "addr": 1, "size": 64, "frames": frames}]]})
+    assert live["rows"][0]["where"] == "at::native::flash_attention_backward < torch::autograd::Engine::thread_main"
