@@ -216,6 +216,35 @@ def refit_state_update_rates(records: list[RunRecord], base: HardwareProfile) ->
     return host, report
 
 
+@dataclass(frozen=True)
+class UpdateRepricing:
+    """One run's step predicted again with its CPU update priced as busy as the run's trace measured it: how
+    much of a prediction's miss is the host CPU's (the lent hosts of one type ran the compact update at 4.6-12.6 G
+    params/s, benchmarks/RESULTS.md "Fourteenth session") and how much is left for the rest of the model."""
+
+    rate_gparams_per_s: float  # the update's rate in a step, as the run measured it
+    profile_gparams_per_s: float  # the rate the profile priced in a step
+    predicted_s: float  # the step predicted with the measured rate
+
+
+def reprice_update(record: RunRecord, base: HardwareProfile) -> UpdateRepricing | None:
+    """``record``'s step simulated on ``base`` with its CPU update rescaled to the busy time the run measured:
+    the exact update through host.step_update_factor, a compact mode through its own rate curve (the same fits
+    as ``refit_profile``, from this one run). None where the run had no CPU update to compare."""
+    runs = update_busy_ratios([record], base)
+    if not runs:
+        return None
+    before = runs[0][0]
+    if before.state.is_exact:
+        factor, _ = fit_step_update_factor([record], base)
+        host = replace(base.host, step_update_factor=factor)
+    else:
+        host, _ = refit_state_update_rates([record], base)
+    after = record.workload(replace(base, host=host))
+    return UpdateRepricing(after.state_update_params_per_s / 1e9, before.state_update_params_per_s / 1e9,
+                           simulate(after).step_time_s)
+
+
 def fit_logits_gbps(records: list[RunRecord], base: HardwareProfile) -> tuple[float | None, int]:
     """The achieved bandwidth of the loss head's logits chain (gpu.compute.memory_gbps_by_kind["logits"]) at
     which the head's forward + backward is as long as the runs measured it, in the geometric mean over runs

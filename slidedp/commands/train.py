@@ -240,6 +240,26 @@ def step_reporter(progress: Progress, task, console: Console, world: int, target
 REFIT_HINT_ERROR = 0.10
 
 
+def _update_repriced(run_dir: Path, measured_s: float) -> str | None:
+    """One closing line: the step predicted again with the CPU update as fast as it ran in this run, so a miss
+    reads as the host CPU's or the rest of the model's. None where the run had no CPU update or cannot be read
+    back (the line is a diagnosis; its absence must not fail a finished run)."""
+    from slidedp.calibration.from_run import load_record, reprice_update
+    from slidedp.hardware import load_hardware
+    from slidedp.report.rundir import HARDWARE_FILE
+
+    try:
+        repriced = reprice_update(load_record(run_dir), load_hardware(str(run_dir / HARDWARE_FILE)))
+    except (SlideDPError, OSError, ValueError, KeyError):
+        return None
+    if repriced is None:
+        return None
+    error = repriced.predicted_s / measured_s - 1
+    return (f"the CPU update ran at {repriced.rate_gparams_per_s:.2f} G params/s in these steps (the profile: "
+            f"{repriced.profile_gparams_per_s:.2f}); at that rate the simulator predicts {repriced.predicted_s:.3f} "
+            f"s/step ({error:+.0%})")
+
+
 def run_outcome(summary, spec) -> str:
     """The closing lines: throughput, loss, eval, and the simulator's prediction beside the measurement."""
     lines = [f"done: {summary.steps} steps (global step {summary.global_step}), median {summary.step_time_s:.3f} "
@@ -264,6 +284,9 @@ def run_outcome(summary, spec) -> str:
 
                 out = Path(spec.out)
                 q = shlex.quote
+                repriced = _update_repriced(out, summary.step_time_s)
+                if repriced:
+                    lines.append(repriced)
                 lines.append(f"to predict this machine, refit the profile from this run: slidedp calibrate "
                              f"--from-run {q(str(out))} --base {q(str(out / HARDWARE_FILE))} "
                              f"--out {q(str(out / 'refit.yaml'))}")

@@ -429,3 +429,32 @@ def test_host_only_refreshes_the_cpu_rates_and_keeps_every_gpu_field(tmp_path, m
     assert profile.host.state_update_gparams_per_s["fp32+int8"] == base.host.state_update_gparams_per_s["fp32+int8"]
     assert "kept from h200-x1" in capsys.readouterr().out
     assert main(["calibrate", "--host-only", "--model", "qwen3-4b"]) == 2
+
+
+def test_repricing_a_runs_cpu_update_recovers_the_step_when_only_the_update_was_slower(tmp_path):
+    """calibration.from_run.reprice_update (train's closing line): runs 'measured' on a machine whose CPU update
+    is slower than the profile's and everything else alike; priced at the rate each run's trace implies, the
+    simulator gives back the measured step, for the exact update and for a compact mode."""
+    from slidedp.calibration.from_run import reprice_update
+
+    base = load_hardware("h200-x1")
+    spec = load_model_spec("qwen3-4b")
+    slow = dict(base.host.state_update_gparams_per_s["bf16+int8"])
+    truth = replace(base, host=replace(base.host, step_update_factor=base.host.step_update_factor * 1.5,
+                                       state_update_gparams_per_s={**base.host.state_update_gparams_per_s,
+                                                                   "bf16+int8": {t: v * 0.8 for t, v in slow.items()}}))
+    for state, rate_ratio in (("fp32", 1 / 1.5), ("bf16+int8", 0.8 / 1.5)):
+        policy = Policy(micro_batch=1, activation="keep", update_schedule="next_forward", state=state,
+                        param_route="replicated", grad_route="per_rank")
+        w = StepWorkload(spec, truth, policy, 4096, 1)
+        sim = simulate(w)
+        summary = RunSummary(model=spec.name, model_spec=spec.to_dict(), policy=policy.to_dict(), seq=4096, batch=1,
+                             ranks=1, step_time_s=sim.step_time_s, limiter=sim.limiter)
+        record = load_record(write_run_dir(tmp_path / state, sim.trace, sim.exposure, summary, policy, truth))
+        before = simulate(record.workload(base)).step_time_s
+        repriced = reprice_update(record, base)
+        assert before < 0.9 * sim.step_time_s  # the profile's faster update: a miss of over 10%
+        assert repriced.predicted_s == pytest.approx(sim.step_time_s, rel=0.02)
+        # The rate comes from busy seconds, which hold some copy contention too (it overlaps the copies differently
+        # at the other rate): close to the true ratio, not exact.
+        assert repriced.rate_gparams_per_s / repriced.profile_gparams_per_s == pytest.approx(rate_ratio, rel=0.05)

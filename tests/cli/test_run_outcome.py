@@ -4,8 +4,11 @@ measured 5.978 s/step (-92%)", an error of the comparison, not of the simulator)
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from slidedp.commands.train import run_outcome
 
@@ -42,3 +45,38 @@ def test_ranks_sharing_a_gpu_get_no_error_figure_and_the_reason():
 def test_a_cpu_run_is_not_compared_with_a_gpu_profile():
     text = run_outcome(_summary("cpu"), _spec(1))
     assert "%" not in text and "on the CPU" in text
+
+
+def test_a_run_whose_cpu_update_was_slow_is_predicted_again_at_its_own_rate(tmp_path):
+    """The CPU update ran at half the profile's rate and nothing else differed: the closing lines say at what rate
+    it ran and that at that rate the simulator predicts the measured step (a miss that is the host CPU's)."""
+    from dataclasses import replace
+
+    from slidedp.hardware import load_hardware
+    from slidedp.model_spec import load_model_spec
+    from slidedp.policy import Policy
+    from slidedp.report.rundir import write_run_dir
+    from slidedp.run_summary import RunSummary
+    from slidedp.sim import simulate
+    from slidedp.workload import StepWorkload
+
+    base = load_hardware("h200-x1")
+    truth = replace(base, host=replace(base.host, step_update_factor=base.host.step_update_factor * 2))
+    spec, policy = load_model_spec("qwen3-4b"), Policy(activation="keep", param_route="replicated",
+                                                       grad_route="per_rank")
+    sim = simulate(StepWorkload(spec, truth, policy, 4096, 1))
+    summary = RunSummary(model=spec.name, model_spec=spec.to_dict(), policy=policy.to_dict(), seq=4096, batch=1,
+                         ranks=1, step_time_s=sim.step_time_s, limiter=sim.limiter)
+    out = write_run_dir(tmp_path / "run", sim.trace, sim.exposure, summary, policy, base)
+    predicted = simulate(StepWorkload(spec, base, policy, 4096, 1)).step_time_s
+    closing = SimpleNamespace(**{**vars(_summary("cuda:0")), "step_time_s": sim.step_time_s,
+                                 "predicted_step_time_s": predicted})
+    text = run_outcome(closing, SimpleNamespace(hardware=base, out=out, ranks_per_gpu=1))
+    rate = StepWorkload(spec, base, policy, 4096, 1).state_update_params_per_s / 1e9
+    (line,) = [x for x in text.splitlines() if x.startswith("the CPU update ran at")]
+    ran, profile, error = re.fullmatch(r"the CPU update ran at ([\d.]+) G params/s in these steps \(the profile: "
+                                       r"([\d.]+)\); at that rate the simulator predicts [\d.]+ s/step \(([-+]\d+)%\)",
+                                       line).groups()
+    assert float(profile) == round(rate, 2)
+    # From busy seconds, which hold some copy contention too: close to half the rate, not exact.
+    assert float(ran) == pytest.approx(rate / 2, rel=0.03) and abs(int(error)) <= 2
