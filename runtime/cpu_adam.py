@@ -448,40 +448,49 @@ static inline void compact_block(const Compact& a, int64_t blk) {
     }
 }
 
+// Threads take blocks in runs of RUN_BLOCKS from a shared counter (OpenMP's dynamic schedule), not an equal
+// share each: on the lent cloud hosts the vCPUs ran 1.8x apart alone (c24: a vector loop at 2,295-4,200 per s
+// on one host), and the trainer's own thread takes a core beside the worker's, so with equal shares the whole
+// update waited for the slowest thread. A run is 65,536 elements, about 80 us of one thread's work: one claim
+// costs far less. Which thread updates a block changes nothing in its bits (the rounding is counter-based).
+constexpr int64_t RUN_BLOCKS = 65536 / SLIDEDP_BLOCK;
+
 template <int MK, int QK, int GK, int WK>
 static void compact_run(const Compact& a) {
     constexpr int64_t B = SLIDEDP_BLOCK;
     const int64_t n = a.n, index0 = a.index0;
     const int64_t blocks = (n + B - 1) / B;
+    const int64_t runs = (blocks + RUN_BLOCKS - 1) / RUN_BLOCKS;
 #if defined(SLIDEDP_AVX512)
-    if (QK == Q8) {  // each thread's blocks in order (the same split as schedule(static)), two codes buffers
+    if (QK == Q8) {  // a run's blocks in order through two codes buffers, flushed at the run's end
         #pragma omp parallel
         {
-            const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-            const int64_t per = blocks / nt, extra = blocks % nt;
-            const int64_t b0 = t * per + std::min(t, extra), b1 = b0 + per + (t < extra ? 1 : 0);
             Q8Pending bufs[2];
-            Q8Pending* pending = nullptr;
-            for (int64_t blk = b0; blk < b1; ++blk) {
-                const int64_t first = index0 + blk * B, last = index0 + std::min(n, blk * B + B) - 1;
-                if ((first >> 32) == (last >> 32) && last - first + 1 == B) {
-                    Q8Pending* next = pending == &bufs[0] ? &bufs[1] : &bufs[0];
-                    if (pending) compact_block_avx512<MK, QK, GK, WK>(a, blk, next, pending);
-                    else compact_block_avx512<MK, QK, GK, WK>(a, blk, next, nullptr);
-                    pending = next;
-                    continue;
+            #pragma omp for schedule(dynamic, 1) nowait
+            for (int64_t r = 0; r < runs; ++r) {
+                const int64_t b0 = r * RUN_BLOCKS, b1 = std::min(blocks, b0 + RUN_BLOCKS);
+                Q8Pending* pending = nullptr;
+                for (int64_t blk = b0; blk < b1; ++blk) {
+                    const int64_t first = index0 + blk * B, last = index0 + std::min(n, blk * B + B) - 1;
+                    if ((first >> 32) == (last >> 32) && last - first + 1 == B) {
+                        Q8Pending* next = pending == &bufs[0] ? &bufs[1] : &bufs[0];
+                        if (pending) compact_block_avx512<MK, QK, GK, WK>(a, blk, next, pending);
+                        else compact_block_avx512<MK, QK, GK, WK>(a, blk, next, nullptr);
+                        pending = next;
+                        continue;
+                    }
+                    if (pending) quantize_block(*pending);
+                    pending = nullptr;
+                    if ((first >> 32) == (last >> 32)) compact_block<MK, QK, GK, WK, true>(a, blk);
+                    else compact_block<MK, QK, GK, WK, false>(a, blk);
                 }
                 if (pending) quantize_block(*pending);
-                pending = nullptr;
-                if ((first >> 32) == (last >> 32)) compact_block<MK, QK, GK, WK, true>(a, blk);
-                else compact_block<MK, QK, GK, WK, false>(a, blk);
             }
-            if (pending) quantize_block(*pending);
         }
         return;
     }
 #endif
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(dynamic, RUN_BLOCKS)
     for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t first = index0 + blk * B, last = index0 + std::min(n, blk * B + B) - 1;
         if ((first >> 32) == (last >> 32)) {
@@ -592,7 +601,7 @@ static void adamw_bf16_loop(torch::Tensor param, torch::Tensor exp_avg, torch::T
     const float scale = grad_scale, e = eps;
     // Release the GIL: the trainer thread must keep launching GPU work while the update runs.
     pybind11::gil_scoped_release no_gil;
-    #pragma omp parallel for simd schedule(static)
+    #pragma omp parallel for simd schedule(simd:dynamic, 65536)  // compact_run's RUN_BLOCKS says why
     for (int64_t i = 0; i < n; ++i) {
         const float gi = bf16_to_f32(g[i]) * scale;
         const float mi = m[i] + one_minus_b1 * (gi - m[i]);
@@ -635,7 +644,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 }
 """
 
-KERNEL_NAME = "slidedp_cpu_adam_v6"  # a new name per source revision: an old build is never loaded
+KERNEL_NAME = "slidedp_cpu_adam_v7"  # a new name per source revision: an old build is never loaded
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
