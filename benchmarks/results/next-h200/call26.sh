@@ -2,15 +2,15 @@
 # dynamic schedule) against the equal shares it replaces (v6, built from the previous revision's source), on the
 # same tensors, alternating (benchmarks.kernel_ab), bf16+int8 and fp32 at 16 threads; (2)
 # benchmarks.update_spread with v7 (per-vCPU rates alone, all-busy share); (3) Qwen3-4B batch 1 bf16+int8 steps
-# with v7, twice; (4) the GPU test's layer (#19's 11.9%) with `--live` naming the backward's C++ operators.
+# with v7; (4) the GPU test's layer (#19's 11.9%) with `--live` naming the backward's C++ operators.
 # Prediction written before (benchmarks/RESULTS.md "Fourteenth session"): where this host's vCPUs run unequally
 # alone (min / median below 0.8, as c24's 2,295 / 3,346), v7 runs the 16-thread bf16+int8 update >= 1.1x v6;
 # where they run alike, within 3% of it.
-# Carry .whl. Run: bash benchmarks/results/next-h200/call26.sh
+# Before the call (the device has no git): git show 6b23335:runtime/cpu_adam.py > benchmarks/results/next-h200/cpu_adam_v6.py
+# (left untracked; delete it after). Carry .whl. Run: bash benchmarks/results/next-h200/call26.sh
 source benchmarks/results/h200-2026-12-04/setup.sh
 O=/tmp/c26; mkdir -p $O
 { nvidia-smi --query-gpu=name,memory.total --format=csv; lscpu | grep -E "Model name|Model:"; } > $OUT/c26_host.txt 2>&1
-# runtime/cpu_adam.py of commit 6b23335 (v6), placed beside this script untracked for the call
 cp benchmarks/results/next-h200/cpu_adam_v6.py $O/
 ( python3 -c "import importlib.util as u; s = u.spec_from_file_location('cpu_adam_v6', '$O/cpu_adam_v6.py'); \
 m = u.module_from_spec(s); s.loader.exec_module(m); k = m.fused_kernel(); print(k.__file__ if k else m.fused_kernel_error())" \
