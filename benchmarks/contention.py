@@ -48,12 +48,12 @@ def experiments(threads: tuple[int, ...]) -> list[tuple[str, int, tuple[str, ...
 def predict(profile: str, params: int, threads: tuple[int, ...] = THREADS) -> dict:
     """Each experiment's flows in the fluid network: seconds of the AdamW pass, GB/s of each copy."""
     from slidedp.hardware import load_hardware
-    from slidedp.resources import adam_host_bytes_per_param, dma_usage
-    from slidedp.sim.fluid import ENDLESS_BYTES, pass_beside_copies, run_flows
+    from slidedp.resources import adam_host_bytes_per_param
+    from slidedp.sim.fluid import endless_copy, pass_beside_copies, run_flows
 
     hw = load_hardware(profile)
     per_param = adam_host_bytes_per_param(2, hw.host.fused_cast)
-    copy = {d: (ENDLESS_BYTES, dma_usage(hw, 0, d), float("inf")) for d in ("h2d", "d2h")}
+    copy = {d: endless_copy(hw, d) for d in ("h2d", "d2h")}
     out: dict = {"profile": hw.name, "params": params, "mem_bw_gbps": hw.host.mem_bw_gbps}
     for name, t, dirs in experiments(threads):
         run = pass_beside_copies(hw, per_param * params, hw.host.adam_rate(t) * per_param, dirs)

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from slidedp.calibration.cpu_topology import rates_together
-from slidedp.calibration.host_bench import compact_state_step
-from slidedp.runtime.cpu_adam import fused_kernel
+from slidedp.calibration.host_bench import compact_state_update
+from slidedp.calibration.measurements import median_time
 from slidedp.state_precision import StatePrecision
 
 
@@ -44,21 +44,14 @@ def steal_jiffies() -> int | None:
     return int(fields[8]) if len(fields) > 8 else None
 
 
-def timed_rate(step, kernel, n: int, threads: int, repeats: int, counter: list[int]) -> float:
-    """G params/s: the median of ``repeats`` updates of ``n`` parameters at ``threads`` (one warm-up)."""
+def rate_at(update, n: int, threads: int, repeats: int) -> float:
+    """G params/s of ``update`` (``n`` parameters) at ``threads``: the median of ``repeats`` after a warm-up."""
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        times = []
-        for k in range(repeats + 1):
-            counter[0] += 1
-            t0 = time.perf_counter()
-            step(kernel, counter[0])
-            if k:
-                times.append(time.perf_counter() - t0)
+        return n / median_time(update, repeats) / 1e9
     finally:
         torch.set_num_threads(saved)
-    return n / statistics.median(times) / 1e9
 
 
 def core_share(cpus: list[int], alone: float, seconds: float) -> float:
@@ -86,32 +79,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cpus = sorted(os.sched_getaffinity(0))
     full, half = len(cpus), max(1, len(cpus) // 2)
-    kernel = fused_kernel()
-    compact = compact_state_step(precision, args.params)
-    exact = compact_state_step(StatePrecision.parse("fp32"), args.params)
+    compact = compact_state_update(precision, args.params)
+    exact = compact_state_update(StatePrecision.parse("fp32"), args.params)
     alone_each = {c: rates_together([c], args.seconds)[c] for c in cpus}
     alone = statistics.median(alone_each.values())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    counter = [0]
-    for step in (compact, exact):  # first touch of every page, outside the rounds
-        timed_rate(step, kernel, args.params, full, 1, counter)
     print(f"{full} vCPUs; one vCPU alone: median {alone:.0f} loops/s (min {min(alone_each.values()):.0f}, "
           f"max {max(alone_each.values()):.0f})")
     print(f"{'round':>5} {'time':>8} {args.state + ' ' + str(full) + 't':>15} {str(half) + 't':>6} "
           f"{'fp32 ' + str(full) + 't':>9} {'core share':>10} {'steal %':>7}")
+    hz = os.sysconf("SC_CLK_TCK")
     with (out / "spread.jsonl").open("w") as log:
         log.write(json.dumps({"vcpus": cpus, "alone_each": alone_each, "state": args.state,
                               "params": args.params}) + "\n")
         for r in range(args.rounds):
             s0, t0 = steal_jiffies(), time.time()
             row = {"round": r, "unix_s": t0,
-                   "compact_full": timed_rate(compact, kernel, args.params, full, args.repeats, counter),
-                   "compact_half": timed_rate(compact, kernel, args.params, half, args.repeats, counter),
-                   "fp32_full": timed_rate(exact, kernel, args.params, full, args.repeats, counter),
+                   "compact_full": rate_at(compact, args.params, full, args.repeats),
+                   "compact_half": rate_at(compact, args.params, half, args.repeats),
+                   "fp32_full": rate_at(exact, args.params, full, args.repeats),
                    "core_share": core_share(cpus, alone, args.seconds)}
             s1, elapsed = steal_jiffies(), time.time() - t0
-            hz = os.sysconf("SC_CLK_TCK")
             row["steal_pct"] = None if s0 is None or s1 is None else 100 * (s1 - s0) / hz / elapsed / full
             log.write(json.dumps(row) + "\n")
             log.flush()

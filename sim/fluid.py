@@ -142,7 +142,10 @@ def run_flows(hw: HardwareProfile, flows: dict[str, tuple[float, dict[str, float
     return out
 
 
-ENDLESS_BYTES = 1e15  # a copy that outlasts every window it is run in
+def endless_copy(hw: HardwareProfile, direction: str, gpu: int = 0) -> tuple[float, dict[str, float], float]:
+    """A ``run_flows`` flow: an uncapped host<->GPU copy in ``direction`` (h2d, d2h) that outlasts every window
+    it is run in."""
+    return 1e15, dma_usage(hw, gpu, direction), math.inf
 
 
 def pass_beside_copies(hw: HardwareProfile, pass_bytes: float, pass_cap: float,
@@ -150,7 +153,7 @@ def pass_beside_copies(hw: HardwareProfile, pass_bytes: float, pass_cap: float,
     """A CPU pass of ``pass_bytes`` over host DRAM at up to ``pass_cap`` bytes/s while copies in ``directions``
     (h2d, d2h) run the whole time: its seconds (``cpu_end``) and each copy's bytes/s over the pass."""
     flows = {"cpu": (pass_bytes, {"hostmem": 1.0}, pass_cap)}
-    flows.update({d: (ENDLESS_BYTES, dma_usage(hw, gpu, d), math.inf) for d in directions})
+    flows.update({d: endless_copy(hw, d, gpu) for d in directions})
     return run_flows(hw, flows, until="cpu")
 
 
