@@ -240,16 +240,15 @@ def step_reporter(progress: Progress, task, console: Console, world: int, target
 REFIT_HINT_ERROR = 0.10
 
 
-def _update_repriced(run_dir: Path, measured_s: float) -> str | None:
-    """One closing line: the step predicted again with the CPU update as fast as it ran in this run, so a miss
-    reads as the host CPU's or the rest of the model's. None where the run had no CPU update or cannot be read
-    back (the line is a diagnosis; its absence must not fail a finished run)."""
+def _update_repriced(run_dir: Path, hardware, measured_s: float) -> str | None:
+    """One closing line: the step predicted again on ``hardware`` (the profile the run was predicted with) with
+    the CPU update as fast as it ran in this run, so a miss reads as the host CPU's or the rest of the model's.
+    None where the run had no CPU update or cannot be read back (the line is a diagnosis; its absence must not
+    fail a finished run)."""
     from slidedp.calibration.from_run import load_record, reprice_update
-    from slidedp.hardware import load_hardware
-    from slidedp.report.rundir import HARDWARE_FILE
 
     try:
-        repriced = reprice_update(load_record(run_dir), load_hardware(str(run_dir / HARDWARE_FILE)))
+        repriced = reprice_update(load_record(run_dir), hardware)
     except (SlideDPError, OSError, ValueError, KeyError):
         return None
     if repriced is None:
@@ -284,7 +283,7 @@ def run_outcome(summary, spec) -> str:
 
                 out = Path(spec.out)
                 q = shlex.quote
-                repriced = _update_repriced(out, summary.step_time_s)
+                repriced = _update_repriced(out, spec.hardware, summary.step_time_s)
                 if repriced:
                     lines.append(repriced)
                 lines.append(f"to predict this machine, refit the profile from this run: slidedp calibrate "
