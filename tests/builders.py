@@ -89,3 +89,19 @@ def read_when_written(path: Path, wait_s: float = 10.0) -> str:
     while not (path.exists() and path.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     return path.read_text()
+
+
+def simulated_run(path: Path, spec: ModelSpec, policy, hw: HardwareProfile, seq: int, batch: int,
+                  profile: HardwareProfile | None = None):
+    """A 'measured' run: ``policy`` simulated on the true machine ``hw`` and written as a run directory at
+    ``path`` (its hardware file ``profile``, the one the run was predicted with; default ``hw``). Returns the
+    directory and the simulation."""
+    from slidedp.report.rundir import write_run_dir
+    from slidedp.run_summary import RunSummary
+    from slidedp.sim import simulate
+    from slidedp.workload import StepWorkload
+
+    sim = simulate(StepWorkload(spec, hw, policy, seq, batch))
+    summary = RunSummary(model=spec.name, model_spec=spec.to_dict(), policy=policy.to_dict(), seq=seq, batch=batch,
+                         ranks=1, step_time_s=sim.step_time_s, limiter=sim.limiter)
+    return write_run_dir(path, sim.trace, sim.exposure, summary, policy, profile or hw), sim

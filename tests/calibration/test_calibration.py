@@ -13,11 +13,9 @@ from slidedp.cli import main
 from slidedp.hardware import HardwareProfile, load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.policy import Policy
-from slidedp.report.rundir import write_run_dir
-from slidedp.run_summary import RunSummary
 from slidedp.sim import simulate
 from slidedp.state_precision import STATE_CHOICES
-from slidedp.workload import StepWorkload
+from tests.builders import simulated_run
 
 
 def test_link_fit_recovers_latency_and_bandwidth():
@@ -73,10 +71,7 @@ def _simulated_runs(tmp_path, hw: HardwareProfile) -> list:
     for i, (seq, mb, act) in enumerate([(1024, 1, "recompute"), (2048, 2, "recompute"), (4096, 1, "keep"),
                                         (4096, 4, "recompute"), (8192, 1, "offload"), (2048, 8, "recompute")]):
         policy = Policy(micro_batch=mb, accumulation=1, activation=act, chunks_per_layer=4)
-        sim = simulate(StepWorkload(spec, hw, policy, seq, mb))
-        summary = RunSummary(model=spec.name, model_spec=spec.to_dict(), policy=policy.to_dict(), seq=seq,
-                             batch=mb, ranks=1, step_time_s=sim.step_time_s, limiter=sim.limiter)
-        paths.append(write_run_dir(tmp_path / f"run{i}", sim.trace, sim.exposure, summary, policy, hw))
+        paths.append(simulated_run(tmp_path / f"run{i}", spec, policy, hw, seq, mb)[0])
     return paths
 
 
@@ -370,10 +365,7 @@ def test_a_compact_modes_rate_is_refitted_from_its_own_runs_not_through_the_exac
     paths = []
     for i, (state, mb) in enumerate([(mode, 1), (mode, 2), ("fp32", 1), ("fp32", 2)]):
         policy = Policy(micro_batch=mb, accumulation=1, chunks_per_layer=4, state=state)
-        sim = simulate(StepWorkload(spec, truth, policy, 2048, mb))
-        summary = RunSummary(model=spec.name, model_spec=spec.to_dict(), policy=policy.to_dict(), seq=2048,
-                             batch=mb, ranks=1, step_time_s=sim.step_time_s, limiter=sim.limiter)
-        paths.append(write_run_dir(tmp_path / f"run{i}", sim.trace, sim.exposure, summary, policy, truth))
+        paths.append(simulated_run(tmp_path / f"run{i}", spec, policy, truth, 2048, mb)[0])
     records = [load_record(p) for p in paths]
     refit, report = refit_profile(base, records)
     assert refit.host.step_update_factor == pytest.approx(base.host.step_update_factor, rel=0.02)
@@ -446,11 +438,8 @@ def test_repricing_a_runs_cpu_update_recovers_the_step_when_only_the_update_was_
     for state, rate_ratio in (("fp32", 1 / 1.5), ("bf16+int8", 0.8 / 1.5)):
         policy = Policy(micro_batch=1, activation="keep", update_schedule="next_forward", state=state,
                         param_route="replicated", grad_route="per_rank")
-        w = StepWorkload(spec, truth, policy, 4096, 1)
-        sim = simulate(w)
-        summary = RunSummary(model=spec.name, model_spec=spec.to_dict(), policy=policy.to_dict(), seq=4096, batch=1,
-                             ranks=1, step_time_s=sim.step_time_s, limiter=sim.limiter)
-        record = load_record(write_run_dir(tmp_path / state, sim.trace, sim.exposure, summary, policy, truth))
+        path, sim = simulated_run(tmp_path / state, spec, policy, truth, 4096, 1)
+        record = load_record(path)
         before = simulate(record.workload(base)).step_time_s
         repriced = reprice_update(record, base)
         assert before < 0.9 * sim.step_time_s  # the profile's faster update: a miss of over 10%

@@ -55,19 +55,15 @@ def test_a_run_whose_cpu_update_was_slow_is_predicted_again_at_its_own_rate(tmp_
     from slidedp.hardware import load_hardware
     from slidedp.model_spec import load_model_spec
     from slidedp.policy import Policy
-    from slidedp.report.rundir import write_run_dir
-    from slidedp.run_summary import RunSummary
     from slidedp.sim import simulate
     from slidedp.workload import StepWorkload
+    from tests.builders import simulated_run
 
     base = load_hardware("h200-x1")
     truth = replace(base, host=replace(base.host, step_update_factor=base.host.step_update_factor * 2))
     spec, policy = load_model_spec("qwen3-4b"), Policy(activation="keep", param_route="replicated",
                                                        grad_route="per_rank")
-    sim = simulate(StepWorkload(spec, truth, policy, 4096, 1))
-    summary = RunSummary(model=spec.name, model_spec=spec.to_dict(), policy=policy.to_dict(), seq=4096, batch=1,
-                         ranks=1, step_time_s=sim.step_time_s, limiter=sim.limiter)
-    out = write_run_dir(tmp_path / "run", sim.trace, sim.exposure, summary, policy, base)
+    out, sim = simulated_run(tmp_path / "run", spec, policy, truth, 4096, 1, profile=base)
     predicted = simulate(StepWorkload(spec, base, policy, 4096, 1)).step_time_s
     closing = SimpleNamespace(**{**vars(_summary("cuda:0")), "step_time_s": sim.step_time_s,
                                  "predicted_step_time_s": predicted})
