@@ -221,7 +221,8 @@ def attention_forms() -> str:
 def fit_from_runs(profile: str = "h200-x1") -> str:
     """The fields of a profile that only training runs measure, fitted (calibration.from_run) to the Qwen3-4B/8B
     runs of 2026-12-02b/c against ``profile`` with all of them reset, in the order --from-run fits them: the GPU's
-    step factor, the loss head's logits bandwidth (with that factor), the CPU update's step factor (with both);
+    step factor, the loss head's logits bandwidth (with that factor), the CPU update's cost per call (where the
+    runs called it at two or more sizes) and its step factor (with all three);
     the held-out architectures' own values beside them, for comparison only (they are the test set)."""
     from dataclasses import replace
 
@@ -230,13 +231,14 @@ def fit_from_runs(profile: str = "h200-x1") -> str:
         fit_logits_gbps,
         fit_step_compute_factor,
         fit_step_update_factor,
+        fit_update_call_us,
         load_record,
     )
     from slidedp.hardware import load_hardware
 
     hw = load_hardware(profile)
     by_kind = {k: v for k, v in hw.gpu.compute.memory_gbps_by_kind.items() if k != "logits"}
-    reset = replace(hw, host=replace(hw.host, step_update_factor=1.0),
+    reset = replace(hw, host=replace(hw.host, step_update_factor=1.0, update_call_us=0.0),
                     gpu=replace(hw.gpu, compute=replace(hw.gpu.compute, memory_gbps_by_kind=by_kind, step_factor=1.0)))
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -249,9 +251,14 @@ def fit_from_runs(profile: str = "h200-x1") -> str:
             base = replace(base, gpu=replace(base.gpu, compute=replace(base.gpu.compute, step_factor=step)))
             logits, n_logits = fit_logits_gbps(records, base)
             base = replace(base, gpu=replace(base.gpu, compute=base.gpu.compute.with_module_gbps("logits", logits)))
+            call_us, call = fit_update_call_us(records, base)
+            if call_us is not None:
+                base = replace(base, host=replace(base.host, update_call_us=call_us))
             update, n_update = fit_step_update_factor(records, base)
+            call_text = f"{call_us:.0f} us" if call_us is not None else f"not fitted ({call['why']})"
             lines.append(f"{label}: gpu.compute.step_factor {step:.4f} ({n_step} GPU-bound runs), logits "
-                         f"{logits:.0f} GB/s ({n_logits} runs), host.step_update_factor {update:.3f} ({n_update} runs)")
+                         f"{logits:.0f} GB/s ({n_logits} runs), host.update_call_us {call_text}, "
+                         f"host.step_update_factor {update:.3f} ({n_update} runs)")
     return "\n".join(lines)
 
 

@@ -57,6 +57,11 @@ def layer_peak(adapter: ModelAdapter, seq: int, tile: int, device: torch.device)
     return {"peak_bytes": peak, "saved_after_forward_bytes": after_forward}
 
 
+# C++ frames of the allocation itself, not of the operator that asked for the memory.
+_ALLOCATOR_FRAMES = ("Allocator", "torch::unwind", "CapturedTraceback", "gather_with_cpp", "at::detail::empty",
+                     "empty_strided", "at::empty", "_ops::empty", "native::empty")
+
+
 def live_at_peak(snapshot: dict, frames: int = 6) -> dict:
     """Replay an allocator history (torch.cuda.memory._snapshot()) and return the allocations live when the
     allocated bytes peaked: total and rows of (bytes, count, where), the largest first. ``where`` is the
@@ -69,9 +74,11 @@ def live_at_peak(snapshot: dict, frames: int = 6) -> dict:
         if action == "alloc":
             py = [f"{Path(f['filename']).name}:{f['line']}:{f['name']}" for f in event["frames"]
                   if "/torch/" not in f["filename"] and f["filename"].endswith(".py")]
-            # Allocations on autograd's thread have no Python frames: name the C++ operators instead.
+            # Allocations on autograd's thread have no Python frames: name the C++ operators instead, past the
+            # allocator's own frames (c26: the unwinder, the traceback and empty_cuda filled all six).
             cpp = [f["name"][:80] for f in event["frames"] if not f["filename"].endswith(".py")
-                   and "Allocator" not in f["name"] and not f["name"].startswith(("c10::", "std::", "??"))]
+                   and not any(k in f["name"] for k in _ALLOCATOR_FRAMES)
+                   and not f["name"].startswith(("c10::", "std::", "??"))]
             live[addr] = (size, " < ".join((py or cpp)[:frames]))
             total += size
             if total > peak:

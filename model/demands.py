@@ -125,7 +125,7 @@ def resource_demands(w: StepWorkload) -> dict[str, float]:
         "gpu[0]": compute,
         "h2d[0]": h2d_bytes / caps["h2d[0]"] + h2d_ops * lat,
         "d2h[0]": d2h_bytes / caps["d2h[0]"] + d2h_ops * lat,
-        "cpu[0]": cpu_time / n,
+        "cpu[0]": (cpu_time + sum(map(w.update_calls, range(len(w.units)))) * w.update_call_latency) / n,
     }
     if link_bytes:
         demands["link[0]"] = link_bytes * coll_floor + link_ops * w.link_latency

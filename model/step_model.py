@@ -130,13 +130,15 @@ class _Recurrence:
         # When the chunk count is a multiple of N, every owner gets the same share of every unit: one lane.
         self.lanes = 1 if routes.shards_updates or c % n == 0 else n
         self.lane_work: list[list[tuple[int, float]]] = []
+        call = w.update_call_latency  # per call: one per chunk an owner updates
         for u, p in enumerate(params):
             nic = cpu_nic * p / nic_cap if cpu_nic and p else 0.0  # the host's NICs, shared by its workers
             if self.lanes == 1:
-                self.lane_work.append([(0, sec_per_param * p / n + nic)])
+                self.lane_work.append([(0, sec_per_param * p / n + nic + w.update_calls(u) / n * call)])
             else:
                 counts = routes.owner_chunk_counts(u)
-                self.lane_work.append([(k, (sec_per_param * p + nic) * m / c) for k, m in enumerate(counts) if m])
+                self.lane_work.append([(k, (sec_per_param * p + nic) * m / c + (m * call if p else 0.0))
+                                       for k, m in enumerate(counts) if m])
         self.upd = [max(t for _, t in lw) for lw in self.lane_work]
         self.host_upd = [(host_b + cpu_nic) * p for p in params]
         coll = collective_usage(w.hw, 0)

@@ -169,6 +169,14 @@ class HostSpec:
     # of which the pass alone sees. Fitted from the exact (fp32) runs' traces (calibration.from_run.
     # fit_step_update_factor: measured over simulated busy time of the update); 1 where no run was measured.
     step_update_factor: float = 1.0
+    # The fixed cost of one call of the CPU update inside a step, in microseconds, on top of its parameters over
+    # the rate. Each call ends when its last thread does, and in a step the update's threads share the cores with
+    # the thread issuing GPU work and the copy threads, so a call waits for a descheduled thread about once: a
+    # cost per call, not per parameter, which the rates (timed alone, size-independent from 12.5M parameters up)
+    # do not see. It is what makes 4 or 8 chunks a layer slower than 1 on a CPU-bound step (2026-12-06, a lent
+    # H100 host: Qwen3-4B batch 1, update busy 0.46 / 0.55 / 0.58 / 0.63 s at 1 / 2 / 4 / 8 chunks).
+    # Fitted from runs of two or more call sizes (calibration.from_run.fit_update_call_us); 0 where not measured.
+    update_call_us: float = 0.0
 
     def __post_init__(self) -> None:
         if self.cores <= 0:
@@ -194,6 +202,9 @@ class HostSpec:
         if not (isinstance(self.step_update_factor, (int, float)) and 0.25 <= self.step_update_factor <= 10.0):
             raise SlideDPError(f"host.step_update_factor must be between 0.25 and 10, "
                                f"got {quote(self.step_update_factor)}")
+        if not (isinstance(self.update_call_us, (int, float)) and 0.0 <= self.update_call_us <= 100_000.0):
+            raise SlideDPError(f"host.update_call_us must be between 0 and 100000 (microseconds), "
+                               f"got {quote(self.update_call_us)}")
 
     def interference(self, directions: str) -> float:
         """The slowdown of a CPU pass while copies run in ``directions`` ("" when none)."""

@@ -92,7 +92,7 @@ class _Builder:
                 deps = []
             hb = w.adam_host_bytes(params)
             last = plan.add(op="adam", amount=hb, host_bytes=hb, deps=deps, usage={"hostmem": 1.0},
-                            cap=w.adam_cap(), **common)
+                            cap=w.adam_cap(), latency=w.update_call_latency, **common)
             hb = w.cast_host_bytes(params)
             if hb > 0:  # a separate cast pass, unless the optimizer kernel writes the bf16 copy itself
                 last = plan.add(op="cast", amount=hb, host_bytes=hb, deps=[], usage={"hostmem": 1.0},

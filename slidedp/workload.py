@@ -303,6 +303,18 @@ class StepWorkload:
         return self.hw.gpu.pcie_latency_us * 1e-6
 
     @property
+    def update_call_latency(self) -> float:
+        """Seconds one call of the CPU update costs beside its parameters (host.update_call_us): one call per
+        chunk each owner updates."""
+        return self.hw.host.update_call_us * 1e-6
+
+    def update_calls(self, u: int) -> int:
+        """CPU update calls of unit ``u`` in a step, over all ranks (none for a GPU-state unit)."""
+        if self.gpu_state(u):
+            return 0
+        return sum(len(self.routes.chunk_owners(u, c)) for c in range(self.chunks))
+
+    @property
     def link_latency(self) -> float:
         return self.hw.link.latency_us * 1e-6
 

@@ -10,6 +10,7 @@ from slidedp.calibration.host_bench import host_benchmarks
 from slidedp.calibration.measurements import Measurements
 from slidedp.calibration.profile_fit import profile_from
 from slidedp.cli import main
+from slidedp.errors import SlideDPError
 from slidedp.hardware import HardwareProfile, load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.policy import Policy
@@ -447,3 +448,74 @@ def test_repricing_a_runs_cpu_update_recovers_the_step_when_only_the_update_was_
         # The rate comes from busy seconds, which hold some copy contention too (it overlaps the copies differently
         # at the other rate): close to the true ratio, not exact.
         assert repriced.rate_gparams_per_s / repriced.profile_gparams_per_s == pytest.approx(rate_ratio, rel=0.05)
+
+
+def test_a_cost_per_update_call_is_recovered_from_runs_of_several_chunk_sizes(tmp_path):
+    """2026-12-06: on a lent host the step's CPU update was busy 0.46 / 0.55 / 0.58 / 0.63 s at 1 / 2 / 4 / 8
+    chunks a layer for the same parameters. Runs 'measured' on a machine with a cost per call and a slower
+    compact rate: the refit recovers both (the cost within 12%: a later call meets fewer copies, so the rate
+    part is not exactly a scale of the base's), and then predicts the runs; runs of one chunk size cannot
+    separate the two, so the cost is kept and the report says why."""
+    from slidedp.calibration.from_run import fit_update_call_us
+
+    base = load_hardware("h200-x1")
+    mode = "bf16+int8"
+    slow = {t: v * 0.8 for t, v in base.host.state_update_gparams_per_s[mode].items()}
+    truth = replace(base, host=replace(base.host, update_call_us=600.0, state_update_gparams_per_s={
+        **base.host.state_update_gparams_per_s, mode: slow}))
+    spec = load_model_spec("qwen3-4b")
+    paths = []
+    for chunks in (1, 2, 4, 8):
+        policy = Policy(micro_batch=1, accumulation=1, chunks_per_layer=chunks, state=mode, activation="keep",
+                        update_schedule="next_forward", param_route="replicated", grad_route="per_rank")
+        paths.append(simulated_run(tmp_path / f"c{chunks}", spec, policy, truth, 4096, 1)[0])
+    records = [load_record(p) for p in paths]
+    call_us, report = fit_update_call_us(records, base)
+    assert call_us == pytest.approx(600.0, rel=0.12) and report["modes_with_two_sizes"] == [mode]
+    refit, report = refit_profile(base, records)
+    assert refit.host.update_call_us == pytest.approx(600.0, rel=0.12)
+    for t, v in refit.host.state_update_gparams_per_s[mode].items():
+        assert v == pytest.approx(slow[t], rel=0.03)
+    assert mape(validate(records, refit)) < 1.5 < 10 < mape(validate(records, base))
+    # One chunk size: a cost per call is indistinguishable from a slower rate.
+    kept, report = fit_update_call_us(records[2:3], base)
+    assert kept is None and "not separable" in report["why"]
+    refit, report = refit_profile(base, records[2:3])
+    assert refit.host.update_call_us == base.host.update_call_us and report["update_call_us"]["kept"] == 0.0
+
+
+def test_the_cost_per_update_call_is_priced_per_call_by_the_simulator_and_the_analytical_model():
+    """host.update_call_us adds that many microseconds per CPU update call: exactly in the analytical model's CPU
+    demand, and in the simulator's busy time of the update (which also moves the copies it overlaps: close, not
+    exact: shifted by the cost, its DRAM passes meet fewer copies); so more chunks a layer cost a CPU-bound step
+    more, which the tuner then weighs."""
+    from slidedp.calibration.from_run import busy_seconds
+    from slidedp.model.demands import resource_demands
+    from slidedp.model.step_model import estimate_step
+    from slidedp.workload import StepWorkload
+
+    base = load_hardware("h200-x1")
+    costly = replace(base, host=replace(base.host, update_call_us=1000.0))
+    spec = load_model_spec("qwen3-4b")
+    policy = Policy(micro_batch=1, accumulation=1, chunks_per_layer=4, state="bf16+int8", activation="keep",
+                    update_schedule="next_forward", param_route="replicated", grad_route="per_rank")
+    w0, w1 = StepWorkload(spec, base, policy, 4096, 1), StepWorkload(spec, costly, policy, 4096, 1)
+    calls = sum(map(w1.update_calls, range(len(w1.units))))
+    assert calls == 4 * len(w1.units)
+    assert resource_demands(w1)["cpu[0]"] - resource_demands(w0)["cpu[0]"] == pytest.approx(calls * 1e-3)
+    s0, s1 = simulate(w0), simulate(w1)
+    # The calls' cost, less what the update's DRAM passes gain where they now meet fewer copies.
+    assert 0.8 * calls * 1e-3 < busy_seconds(s1.trace, "adam") - busy_seconds(s0.trace, "adam") <= calls * 1e-3
+    assert s1.step_time_s > s0.step_time_s + 0.5 * calls * 1e-3
+    one = replace(policy, chunks_per_layer=1)
+    gain = (estimate_step(w1).step_time_s - estimate_step(StepWorkload(spec, costly, one, 4096, 1)).step_time_s)
+    assert gain > 0.5 * 3 * len(w1.units) * 1e-3  # 3 calls a unit saved
+    gpu_held = replace(policy, gpu_state_units=3)
+    w = StepWorkload(spec, costly, gpu_held, 4096, 1)
+    assert [w.update_calls(u) for u in range(3)] == [0, 0, 0] and w.update_calls(3) == 4
+
+
+def test_update_call_us_is_checked():
+    base = load_hardware("h200-x1")
+    with pytest.raises(SlideDPError, match="update_call_us"):
+        replace(base.host, update_call_us=-1.0)

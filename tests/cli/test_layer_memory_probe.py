@@ -23,6 +23,10 @@ def test_live_at_peak_replays_allocs_and_frees_and_groups_what_was_live():
 
 def test_an_allocation_without_python_frames_is_named_by_its_operators():
     frames = [{"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::malloc"},
+              {"filename": "/lib/libtorch.so", "line": 0, "name": "torch::unwind::unwind()"},
+              {"filename": "/lib/libtorch.so", "line": 0, "name": "torch::CapturedTraceback::gather(bool, bool, bool)"},
+              {"filename": "/lib/libtorch.so", "line": 0, "name": "at::detail::empty_cuda(c10::ArrayRef<long>)"},
+              {"filename": "/lib/libtorch.so", "line": 0, "name": "at::_ops::empty_memory_format::call"},
               {"filename": "/lib/libtorch.so", "line": 0, "name": "at::native::flash_attention_backward"},
               {"filename": "/lib/libtorch.so", "line": 0, "name": "torch::autograd::Engine::thread_main"}]
     live = live_at_peak({"device_traces": [[{"action": "alloc", "addr": 1, "size": 64, "frames": frames}]]})
