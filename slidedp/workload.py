@@ -255,7 +255,8 @@ class StepWorkload:
     def state_update_rate_needs_saying(self) -> bool:
         """Whether outputs print state_update_rate_note: the rate is derived, not measured, or a step prices the
         update slower than it was measured alone (host.step_update_factor)."""
-        return not self.state_update_rate_measured or self.hw.host.step_update_factor != 1.0
+        return (not self.state_update_rate_measured or self.hw.host.step_update_factor != 1.0
+                or self.hw.host.update_call_us > 0)
 
     @property
     def state_update_rate_note(self) -> str:
@@ -264,6 +265,8 @@ class StepWorkload:
         factor = self.hw.host.step_update_factor
         in_step = (f"; {rate * factor:.2f} alone / {factor:.3g}, host.step_update_factor, in a step"
                    if factor != 1.0 else "")
+        if self.hw.host.update_call_us > 0:
+            in_step += f"; + {self.hw.host.update_call_us:.0f} us a call, host.update_call_us"
         if self.state_update_rate_measured:
             return f"CPU update rate of {self.state.name} state: {rate:.2f} G params/s (measured{in_step})"
         return (f"CPU update rate of {self.state.name} state: {rate:.2f} G params/s, DERIVED from the measured fp32 "

@@ -87,6 +87,9 @@ def test_the_step_update_factor_divides_every_modes_rate_and_is_said():
         assert plain.state_update_rate_needs_saying == (not plain.state_update_rate_measured)
     with pytest.raises(SlideDPError, match="step_update_factor"):
         replace(H200.host, step_update_factor=0.0)
+    called = StepWorkload(tiny_model(), replace(H200, host=replace(H200.host, step_update_factor=1.0,
+                                                                     update_call_us=500.0)), Policy(), 512, 1)
+    assert "500 us a call" in called.state_update_rate_note and called.state_update_rate_needs_saying
 
 
 def test_qwen3_14b_host_fits_only_in_compact_modes_on_the_h200_host():
