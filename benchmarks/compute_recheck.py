@@ -238,7 +238,7 @@ def fit_from_runs(profile: str = "h200-x1") -> str:
 
     hw = load_hardware(profile)
     by_kind = {k: v for k, v in hw.gpu.compute.memory_gbps_by_kind.items() if k != "logits"}
-    reset = replace(hw, host=replace(hw.host, step_update_factor=1.0, update_call_us=0.0),
+    reset = replace(hw, host=replace(hw.host, step_update_factor=1.0, update_call_us={}),
                     gpu=replace(hw.gpu, compute=replace(hw.gpu.compute, memory_gbps_by_kind=by_kind, step_factor=1.0)))
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -251,11 +251,10 @@ def fit_from_runs(profile: str = "h200-x1") -> str:
             base = replace(base, gpu=replace(base.gpu, compute=replace(base.gpu.compute, step_factor=step)))
             logits, n_logits = fit_logits_gbps(records, base)
             base = replace(base, gpu=replace(base.gpu, compute=base.gpu.compute.with_module_gbps("logits", logits)))
-            call_us, call = fit_update_call_us(records, base)
-            if call_us is not None:
-                base = replace(base, host=replace(base.host, update_call_us=call_us))
+            calls, call = fit_update_call_us(records, base)
+            base = replace(base, host=replace(base.host, update_call_us=calls))
             update, n_update = fit_step_update_factor(records, base)
-            call_text = f"{call_us:.0f} us" if call_us is not None else f"not fitted ({call['why']})"
+            call_text = "; ".join(f"{m} {calls[m]:.0f} us" if m in calls else f"{m} not fitted" for m in call) or "-"
             lines.append(f"{label}: gpu.compute.step_factor {step:.4f} ({n_step} GPU-bound runs), logits "
                          f"{logits:.0f} GB/s ({n_logits} runs), host.update_call_us {call_text}, "
                          f"host.step_update_factor {update:.3f} ({n_update} runs)")

@@ -4,8 +4,8 @@ A run directory (measured by the runtime, or simulated) holds the trace, the pol
 and a summary with the model's shape. The refit reads what each resource actually delivered in the trace:
 H2D and D2H bandwidth and latency from the copy operations, how much longer the CPU update is busy inside a
 step than the simulator prices it (host.step_update_factor, from the exact mode's optimizer operations; each compact
-mode's update rate from its own runs; a fixed cost per call of the update, host.update_call_us, where the runs called
-it at two or more sizes), and the GPU rates
+mode's update rate from its own runs; a fixed cost per call of each mode's update, host.update_call_us, where that
+mode's runs called it at two or more sizes), and the GPU rates
 from the per-layer forward times across runs of different sizes; with shape-aware curves, how much longer the GPU's
 operations take in a step than in the micro-benchmarks (gpu.compute.step_factor, from the GPU-bound decoder
 layers) and the achieved bandwidth of the loss head's logits chain from the head's forward + backward times.
@@ -114,11 +114,8 @@ def refit_profile(base: HardwareProfile, records: list[RunRecord]) -> tuple[Hard
         host = replace(host, fused_cast=fused)  # the kernel writes the bf16 copy: no separate cast pass
         exact = [r for r in records if r.policy.state_precision.is_exact]
         compact = [r for r in records if not r.policy.state_precision.is_exact]
-        call_us, call_report = fit_update_call_us(records, replace(base, gpu=gpu, host=host))
-        if call_us is not None:
-            host = replace(host, update_call_us=call_us)
-        else:
-            call_report["kept"] = host.update_call_us
+        calls, call_report = fit_update_call_us(records, replace(base, gpu=gpu, host=host))
+        host = replace(host, update_call_us={**host.update_call_us, **calls})
         report["update_call_us"] = call_report
         factor, runs = fit_step_update_factor(exact, replace(base, gpu=gpu, host=host))
         if runs:
@@ -191,12 +188,12 @@ def update_busy_ratios(records: list[RunRecord], base: HardwareProfile) -> list[
     update (rank 0), each less its calls' fixed cost (host.update_call_us), so that a rate fitted from the ratio
     does not count that cost again."""
     out = []
-    call = base.host.update_call_us * 1e-6
     for r in records:
+        w = r.workload(base)
+        call = w.update_call_latency
         measured = busy_seconds(r.trace, "adam") - update_calls(r.trace) * call
         if measured <= 0:
             continue
-        w = r.workload(base)
         sim = simulate(w).trace
         simulated = busy_seconds(sim, "adam") - update_calls(sim) * call
         if simulated > 0:
@@ -204,35 +201,39 @@ def update_busy_ratios(records: list[RunRecord], base: HardwareProfile) -> list[
     return out
 
 
-def fit_update_call_us(records: list[RunRecord], base: HardwareProfile) -> tuple[float | None, dict]:
-    """host.update_call_us from runs whose CPU update was called at two or more sizes: the measured busy seconds
-    of each run's update (rank 0) as a scale per host-state mode of what ``base`` prices for its parameters, plus
-    one cost per call (non-negative least squares over the runs). Runs of one call size cannot tell a cost per
-    call from a slower rate: then None, and the report says why."""
-    bare = replace(base, host=replace(base.host, update_call_us=0.0))
-    rows = []
+def fit_update_call_us(records: list[RunRecord], base: HardwareProfile) -> tuple[dict[str, float], dict]:
+    """host.update_call_us for each host-state mode whose runs called the CPU update at two or more sizes: per
+    mode, non-negative least squares of the measured busy seconds of each run's update (rank 0) on what ``base``
+    prices for its parameters (a scale: the rate) and its number of calls (the cost). Runs of one call size cannot
+    tell a cost per call from a slower rate, so such a mode is left out, and the report says why. Returns the
+    fitted modes' costs (microseconds) and a report per mode."""
+    bare = replace(base, host=replace(base.host, update_call_us={}))
+    by_mode: dict[str, list[tuple[float, int, float]]] = {}
     for r in records:
         measured = busy_seconds(r.trace, "adam")
         if measured <= 0:
             continue
         w = r.workload(bare)
-        rows.append((w.state.name, busy_seconds(simulate(w).trace, "adam"), update_calls(r.trace), measured))
-    modes = sorted({m for m, *_ in rows})
-    spread = {m: [n / s for mode, s, n, _ in rows if mode == m and s > 0] for m in modes}
-    varied = [m for m, v in spread.items() if len(v) >= 2 and max(v) > 1.2 * min(v)]
-    if not varied:
-        return None, {"runs": len(rows), "why": "no host-state mode has runs whose calls per priced second differ "
-                                                "by over 20% (e.g. chunks_per_layer 1 and 4): a cost per call is "
-                                                "not separable from the rate"}
-    a = np.array([[s if mode == m else 0.0 for m in modes] + [float(n)] for mode, s, n, _ in rows])
-    b = np.array([measured for *_, measured in rows])
-    norm = np.abs(a).max(axis=0)
-    coef, _ = nnls(a / norm, b)
-    coef = coef / norm
-    call = min(0.1, float(coef[-1]))  # 100 ms a call: HostSpec's bound
-    residual = float(np.sqrt(np.mean(((a @ coef - b) / b) ** 2)))
-    return call * 1e6, {"value": call * 1e6, "runs": len(rows), "modes_with_two_sizes": varied,
-                        "rms_relative_residual": residual}
+        by_mode.setdefault(w.state.name, []).append(
+            (busy_seconds(simulate(w).trace, "adam"), update_calls(r.trace), measured))
+    fitted, report = {}, {}
+    for mode, rows in sorted(by_mode.items()):
+        per_second = [n / priced for priced, n, _ in rows if priced > 0]
+        if len(per_second) < 2 or max(per_second) <= 1.2 * min(per_second):
+            report[mode] = {"runs": len(rows), "why": "its runs' calls per priced second differ by 20% or less "
+                                                      "(e.g. chunks_per_layer 1 and 4 differ by 4x): a cost per "
+                                                      "call is not separable from the rate"}
+            continue
+        a = np.array([[priced, float(n)] for priced, n, _ in rows])
+        b = np.array([measured for *_, measured in rows])
+        norm = np.abs(a).max(axis=0)
+        coef, _ = nnls(a / norm, b)
+        coef = coef / norm
+        call = min(0.1, float(coef[1]))  # 100 ms a call: HostSpec's bound
+        residual = float(np.sqrt(np.mean(((a @ coef - b) / b) ** 2)))
+        fitted[mode] = call * 1e6
+        report[mode] = {"value": call * 1e6, "runs": len(rows), "rms_relative_residual": residual}
+    return fitted, report
 
 
 def refit_state_update_rates(records: list[RunRecord], base: HardwareProfile) -> tuple[HostSpec, dict]:

@@ -175,8 +175,11 @@ class HostSpec:
     # cost per call, not per parameter, which the rates (timed alone, size-independent from 12.5M parameters up)
     # do not see. It is what makes 4 or 8 chunks a layer slower than 1 on a CPU-bound step (2026-12-06, a lent
     # H100 host: Qwen3-4B batch 1, update busy 0.46 / 0.55 / 0.58 / 0.63 s at 1 / 2 / 4 / 8 chunks).
-    # Fitted from runs of two or more call sizes (calibration.from_run.fit_update_call_us); 0 where not measured.
-    update_call_us: float = 0.0
+    # Per host-state mode (a StatePrecision name, like state_update_gparams_per_s), because the fits disagree by
+    # mode: 562 us a call for bf16+int8 on that H100 host, 68 us for the DRAM-bound exact update from 37 H200 runs.
+    # Fitted from a mode's runs at two or more call sizes (calibration.from_run.fit_update_call_us); a mode
+    # missing here costs nothing a call.
+    update_call_us: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.cores <= 0:
@@ -202,9 +205,10 @@ class HostSpec:
         if not (isinstance(self.step_update_factor, (int, float)) and 0.25 <= self.step_update_factor <= 10.0):
             raise SlideDPError(f"host.step_update_factor must be between 0.25 and 10, "
                                f"got {quote(self.step_update_factor)}")
-        if not (isinstance(self.update_call_us, (int, float)) and 0.0 <= self.update_call_us <= 100_000.0):
-            raise SlideDPError(f"host.update_call_us must be between 0 and 100000 (microseconds), "
-                               f"got {quote(self.update_call_us)}")
+        for mode, us in self.update_call_us.items():
+            if not (isinstance(us, (int, float)) and 0.0 <= us <= 100_000.0):
+                raise SlideDPError(f"host.update_call_us.{mode} must be between 0 and 100000 (microseconds), "
+                                   f"got {quote(us)}")
 
     def interference(self, directions: str) -> float:
         """The slowdown of a CPU pass while copies run in ``directions`` ("" when none)."""
@@ -220,6 +224,10 @@ class HostSpec:
         ``state_update_gparams_per_s[mode]``; None where this host has not measured the mode."""
         curve = self.adam_gparams_per_s if mode == "fp32" else self.state_update_gparams_per_s.get(mode)
         return None if curve is None else interpolate_curve(curve, threads) * 1e9
+
+    def update_call_seconds(self, mode: str) -> float:
+        """The fixed cost of one CPU update call of host-state mode ``mode`` inside a step (host.update_call_us)."""
+        return self.update_call_us.get(mode, 0.0) * 1e-6
 
     def cast_rate(self, threads: int) -> float:
         return interpolate_curve(self.cast_gelems_per_s, threads) * 1e9

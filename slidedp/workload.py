@@ -256,7 +256,7 @@ class StepWorkload:
         """Whether outputs print state_update_rate_note: the rate is derived, not measured, or a step prices the
         update slower than it was measured alone (host.step_update_factor)."""
         return (not self.state_update_rate_measured or self.hw.host.step_update_factor != 1.0
-                or self.hw.host.update_call_us > 0)
+                or self.update_call_latency > 0)
 
     @property
     def state_update_rate_note(self) -> str:
@@ -265,8 +265,8 @@ class StepWorkload:
         factor = self.hw.host.step_update_factor
         in_step = (f"; {rate * factor:.2f} alone / {factor:.3g}, host.step_update_factor, in a step"
                    if factor != 1.0 else "")
-        if self.hw.host.update_call_us > 0:
-            in_step += f"; + {self.hw.host.update_call_us:.0f} us a call, host.update_call_us"
+        if self.update_call_latency > 0:
+            in_step += f"; + {self.update_call_latency * 1e6:.0f} us a call, host.update_call_us"
         if self.state_update_rate_measured:
             return f"CPU update rate of {self.state.name} state: {rate:.2f} G params/s (measured{in_step})"
         return (f"CPU update rate of {self.state.name} state: {rate:.2f} G params/s, DERIVED from the measured fp32 "
@@ -307,9 +307,9 @@ class StepWorkload:
 
     @property
     def update_call_latency(self) -> float:
-        """Seconds one call of the CPU update costs beside its parameters (host.update_call_us): one call per
-        chunk each owner updates."""
-        return self.hw.host.update_call_us * 1e-6
+        """Seconds one call of the CPU update of this state mode costs beside its parameters
+        (host.update_call_us): one call per chunk each owner updates."""
+        return self.hw.host.update_call_seconds(self.state.name)
 
     def update_calls(self, u: int) -> int:
         """CPU update calls of unit ``u`` in a step, over all ranks (none for a GPU-state unit)."""

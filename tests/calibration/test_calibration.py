@@ -461,7 +461,7 @@ def test_a_cost_per_update_call_is_recovered_from_runs_of_several_chunk_sizes(tm
     base = load_hardware("h200-x1")
     mode = "bf16+int8"
     slow = {t: v * 0.8 for t, v in base.host.state_update_gparams_per_s[mode].items()}
-    truth = replace(base, host=replace(base.host, update_call_us=600.0, state_update_gparams_per_s={
+    truth = replace(base, host=replace(base.host, update_call_us={mode: 600.0}, state_update_gparams_per_s={
         **base.host.state_update_gparams_per_s, mode: slow}))
     spec = load_model_spec("qwen3-4b")
     paths = []
@@ -470,22 +470,27 @@ def test_a_cost_per_update_call_is_recovered_from_runs_of_several_chunk_sizes(tm
                         update_schedule="next_forward", param_route="replicated", grad_route="per_rank")
         paths.append(simulated_run(tmp_path / f"c{chunks}", spec, policy, truth, 4096, 1)[0])
     records = [load_record(p) for p in paths]
-    call_us, report = fit_update_call_us(records, base)
-    assert call_us == pytest.approx(600.0, rel=0.12) and report["modes_with_two_sizes"] == [mode]
+    calls, report = fit_update_call_us(records, base)
+    assert set(calls) == {mode} and calls[mode] == pytest.approx(600.0, rel=0.12)
     refit, report = refit_profile(base, records)
-    assert refit.host.update_call_us == pytest.approx(600.0, rel=0.12)
+    assert refit.host.update_call_us[mode] == pytest.approx(600.0, rel=0.12)
     for t, v in refit.host.state_update_gparams_per_s[mode].items():
         assert v == pytest.approx(slow[t], rel=0.03)
     assert mape(validate(records, refit)) < 1.5 < 10 < mape(validate(records, base))
     # One chunk size: a cost per call is indistinguishable from a slower rate.
     kept, report = fit_update_call_us(records[2:3], base)
-    assert kept is None and "not separable" in report["why"]
+    assert kept == {} and "not separable" in report[mode]["why"]
     refit, report = refit_profile(base, records[2:3])
-    assert refit.host.update_call_us == base.host.update_call_us and report["update_call_us"]["kept"] == 0.0
+    assert refit.host.update_call_us == base.host.update_call_us and "why" in report["update_call_us"][mode]
+    # Another mode's runs, at one size, leave its cost alone: the cost is fitted per mode.
+    exact = Policy(micro_batch=1, accumulation=1, chunks_per_layer=4, activation="keep")
+    other = simulated_run(tmp_path / "fp32", spec, exact, truth, 4096, 1)[0]
+    calls, report = fit_update_call_us([*records, load_record(other)], base)
+    assert set(calls) == {mode} and "not separable" in report["fp32"]["why"]
 
 
 def test_the_cost_per_update_call_is_priced_per_call_by_the_simulator_and_the_analytical_model():
-    """host.update_call_us adds that many microseconds per CPU update call: exactly in the analytical model's CPU
+    """host.update_call_us adds its mode's microseconds per CPU update call: exactly in the analytical model's CPU
     demand, and in the simulator's busy time of the update (which also moves the copies it overlaps: close, not
     exact: shifted by the cost, its DRAM passes meet fewer copies); so more chunks a layer cost a CPU-bound step
     more, which the tuner then weighs."""
@@ -495,7 +500,7 @@ def test_the_cost_per_update_call_is_priced_per_call_by_the_simulator_and_the_an
     from slidedp.workload import StepWorkload
 
     base = load_hardware("h200-x1")
-    costly = replace(base, host=replace(base.host, update_call_us=1000.0))
+    costly = replace(base, host=replace(base.host, update_call_us={"bf16+int8": 1000.0}))
     spec = load_model_spec("qwen3-4b")
     policy = Policy(micro_batch=1, accumulation=1, chunks_per_layer=4, state="bf16+int8", activation="keep",
                     update_schedule="next_forward", param_route="replicated", grad_route="per_rank")
@@ -513,9 +518,11 @@ def test_the_cost_per_update_call_is_priced_per_call_by_the_simulator_and_the_an
     gpu_held = replace(policy, gpu_state_units=3)
     w = StepWorkload(spec, costly, gpu_held, 4096, 1)
     assert [w.update_calls(u) for u in range(3)] == [0, 0, 0] and w.update_calls(3) == 4
+    # The cost is the mode's: the exact update on the same host has none.
+    assert StepWorkload(spec, costly, replace(policy, state="fp32"), 4096, 1).update_call_latency == 0.0
 
 
 def test_update_call_us_is_checked():
     base = load_hardware("h200-x1")
-    with pytest.raises(SlideDPError, match="update_call_us"):
-        replace(base.host, update_call_us=-1.0)
+    with pytest.raises(SlideDPError, match="update_call_us.fp32"):
+        replace(base.host, update_call_us={"fp32": -1.0})

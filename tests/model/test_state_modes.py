@@ -88,7 +88,7 @@ def test_the_step_update_factor_divides_every_modes_rate_and_is_said():
     with pytest.raises(SlideDPError, match="step_update_factor"):
         replace(H200.host, step_update_factor=0.0)
     called = StepWorkload(tiny_model(), replace(H200, host=replace(H200.host, step_update_factor=1.0,
-                                                                     update_call_us=500.0)), Policy(), 512, 1)
+                                                                     update_call_us={"fp32": 500.0})), Policy(), 512, 1)
     assert "500 us a call" in called.state_update_rate_note and called.state_update_rate_needs_saying
 
 
