@@ -174,7 +174,9 @@ class HostSpec:
     # the thread issuing GPU work and the copy threads, so a call waits for a descheduled thread about once: a
     # cost per call, not per parameter, which the rates (timed alone, size-independent from 12.5M parameters up)
     # do not see. It is what makes 4 or 8 chunks a layer slower than 1 on a CPU-bound step (2026-12-06, a lent
-    # H100 host: Qwen3-4B batch 1, update busy 0.46 / 0.55 / 0.58 / 0.63 s at 1 / 2 / 4 / 8 chunks).
+    # H100 host: Qwen3-4B batch 1, update busy 0.46 / 0.55 / 0.58 / 0.63 s at 1 / 2 / 4 / 8 chunks). Where the
+    # update has slack (a GPU-bound step, whose trainer thread mostly waits) it costs less: on that host batch 8
+    # with 602 calls was busy 0.51 s, batch 1 with 152 calls 0.53 s; the step is then not the update's anyway.
     # Per host-state mode (a StatePrecision name, like state_update_gparams_per_s), because the fits disagree by
     # mode: 562 us a call for bf16+int8 on that H100 host, 68 us for the DRAM-bound exact update from 37 H200 runs.
     # Fitted from a mode's runs at two or more call sizes (calibration.from_run.fit_update_call_us); a mode

@@ -459,6 +459,7 @@ def test_a_cost_per_update_call_is_recovered_from_runs_of_several_chunk_sizes(tm
     from slidedp.calibration.from_run import fit_update_call_us
 
     base = load_hardware("h200-x1")
+    base = replace(base, host=replace(base.host, update_call_us={}))  # (the preset prices bf16+int8's calls)
     mode = "bf16+int8"
     slow = {t: v * 0.8 for t, v in base.host.state_update_gparams_per_s[mode].items()}
     truth = replace(base, host=replace(base.host, update_call_us={mode: 600.0}, state_update_gparams_per_s={
@@ -500,6 +501,7 @@ def test_the_cost_per_update_call_is_priced_per_call_by_the_simulator_and_the_an
     from slidedp.workload import StepWorkload
 
     base = load_hardware("h200-x1")
+    base = replace(base, host=replace(base.host, update_call_us={}))
     costly = replace(base, host=replace(base.host, update_call_us={"bf16+int8": 1000.0}))
     spec = load_model_spec("qwen3-4b")
     policy = Policy(micro_batch=1, accumulation=1, chunks_per_layer=4, state="bf16+int8", activation="keep",

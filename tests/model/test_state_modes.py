@@ -76,6 +76,7 @@ def test_the_step_update_factor_divides_every_modes_rate_and_is_said():
     rate (measured or derived) is divided by it, and the note says so; 1 leaves the rate as measured."""
     for state, rates in (("fp32", None), ("fp32+int8", None), ("bf16+int8", {"bf16+int8": {16: 3.0}})):
         plain = StepWorkload(tiny_model(), replace(H200, host=replace(H200.host, step_update_factor=1.0,
+                                                                        update_call_us={},
                                                                         state_update_gparams_per_s=rates or {})),
                              Policy(state=state), 512, 1)
         slow = StepWorkload(tiny_model(), replace(H200, host=replace(H200.host, step_update_factor=1.25,
