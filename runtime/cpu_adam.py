@@ -460,9 +460,9 @@ static void compact_run(const Compact& a) {
     constexpr int64_t B = SLIDEDP_BLOCK;
     const int64_t n = a.n, index0 = a.index0;
     const int64_t blocks = (n + B - 1) / B;
-    const int64_t runs = (blocks + RUN_BLOCKS - 1) / RUN_BLOCKS;
 #if defined(SLIDEDP_AVX512)
     if (QK == Q8) {  // a run's blocks in order through two codes buffers, flushed at the run's end
+        const int64_t runs = (blocks + RUN_BLOCKS - 1) / RUN_BLOCKS;
         #pragma omp parallel
         {
             Q8Pending bufs[2];
@@ -593,7 +593,7 @@ static void adamw_bf16_loop(torch::Tensor param, torch::Tensor exp_avg, torch::T
     float* m = exp_avg.data_ptr<float>();
     float* v = exp_avg_sq.data_ptr<float>();
     uint16_t* g = reinterpret_cast<uint16_t*>(grad_slot.data_ptr<at::BFloat16>());
-    const float b1 = beta1, b2 = beta2, one_minus_b1 = 1.0 - beta1, one_minus_b2 = 1.0 - beta2;
+    const float b2 = beta2, one_minus_b1 = 1.0 - beta1, one_minus_b2 = 1.0 - beta2;
     const float decay = 1.0 - lr * weight_decay;
     const double bc1 = 1.0 - std::pow(beta1, step), bc2 = 1.0 - std::pow(beta2, step);
     const float step_size = lr / bc1;
@@ -644,7 +644,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 }
 """
 
-KERNEL_NAME = "slidedp_cpu_adam_v7"  # a new name per source revision: an old build is never loaded
+KERNEL_NAME = "slidedp_cpu_adam_v8"  # a new name per source revision: an old build is never loaded
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
