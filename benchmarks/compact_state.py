@@ -88,41 +88,35 @@ def part_rates(args: argparse.Namespace) -> None:
     import torch
 
     from slidedp.calibration.host_bench import _adam_update, compact_state_update
-    from slidedp.calibration.measurements import median_time
+    from slidedp.calibration.measurements import median_time, torch_threads
     from slidedp.runtime.cpu_adam import fused_kernel
     from slidedp.runtime.host_state import host_buffer, placed_copy
 
     n = args.params
-    saved = torch.get_num_threads()
-    try:
-        for state in args.states:
-            precision = StatePrecision.parse(state)
-            # Pages first touched as the runtime touches them (all threads), or (--first-touch serial, exact mode)
-            # the master's by one thread, as the exact rates of 2026-12-06 and before had it (torch.randn; their
-            # moments and slot were zeroed and cast by all threads; the compact modes' always were).
-            torch.set_num_threads(saved)
-            if precision.is_exact:
-                torch.set_num_threads(1 if args.first_touch == "serial" else saved)
+    for state in args.states:
+        precision = StatePrecision.parse(state)
+        # Pages first touched as the runtime touches them (all threads), or (--first-touch serial, exact mode)
+        # the master's by one thread, as the exact rates of 2026-12-06 and before had it (torch.randn; their
+        # moments and slot were zeroed and cast by all threads; the compact modes' always were).
+        if precision.is_exact:
+            with torch_threads(1 if args.first_touch == "serial" else None):
                 p = placed_copy(torch.randn(n))
-                torch.set_num_threads(saved)
-                mom, var = host_buffer(n, torch.float32), host_buffer(n, torch.float32)
-                update = _adam_update(fused_kernel(), p, mom, var, placed_copy(torch.randn(n).bfloat16()))
-            else:
-                update = compact_state_update(precision, n)
-            serial_exact = precision.is_exact and args.first_touch == "serial"
-            for threads in args.threads:
-                torch.set_num_threads(threads)
+            mom, var = host_buffer(n, torch.float32), host_buffer(n, torch.float32)
+            update = _adam_update(fused_kernel(), p, mom, var, placed_copy(torch.randn(n).bfloat16()))
+        else:
+            update = compact_state_update(precision, n)
+        serial_exact = precision.is_exact and args.first_touch == "serial"
+        for threads in args.threads:
+            with torch_threads(threads):
                 seconds = median_time(update, args.repeats)
-                row = {"part": "rates", "state": precision.name, "threads": threads, "params": n,
-                       "first_touch": "serial" if serial_exact else "parallel",
-                       "gparams_per_s": n / seconds / 1e9, "ns_per_param": seconds / n * 1e9,
-                       "dram_bytes_per_param": precision.update_dram_bytes_per_param(2)}
-                append_jsonl(args.out / "results.jsonl", row)
-                touch = " (master's pages touched by one thread)" if serial_exact else ""
-                log(f"rates {precision.name} {threads} thread(s): {row['gparams_per_s']:.3f} G params/s{touch}")
-            del update
-    finally:
-        torch.set_num_threads(saved)
+            row = {"part": "rates", "state": precision.name, "threads": threads, "params": n,
+                   "first_touch": "serial" if serial_exact else "parallel",
+                   "gparams_per_s": n / seconds / 1e9, "ns_per_param": seconds / n * 1e9,
+                   "dram_bytes_per_param": precision.update_dram_bytes_per_param(2)}
+            append_jsonl(args.out / "results.jsonl", row)
+            touch = " (master's pages touched by one thread)" if serial_exact else ""
+            log(f"rates {precision.name} {threads} thread(s): {row['gparams_per_s']:.3f} G params/s{touch}")
+        del update
 
 
 def part_steps(args: argparse.Namespace) -> None:

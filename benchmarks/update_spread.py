@@ -27,11 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from slidedp.calibration.cpu_topology import rates_together
 from slidedp.calibration.host_bench import compact_state_update
-from slidedp.calibration.measurements import median_time
+from slidedp.calibration.measurements import median_time, torch_threads
 from slidedp.state_precision import StatePrecision
 
 
@@ -46,12 +44,8 @@ def steal_jiffies() -> int | None:
 
 def rate_at(update, n: int, threads: int, repeats: int) -> float:
     """G params/s of ``update`` (``n`` parameters) at ``threads``: the median of ``repeats`` after a warm-up."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         return n / median_time(update, repeats) / 1e9
-    finally:
-        torch.set_num_threads(saved)
 
 
 def core_share(cpus: list[int], alone: float, seconds: float) -> float:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from slidedp.calibration.measurements import Measurements
+from slidedp.calibration.measurements import Measurements, torch_threads
 
 PIECE_BYTES = 2**30  # one copy: long enough that launch gaps do not matter, short enough to stop promptly
 
@@ -54,11 +54,8 @@ class ContentionRig:
 
     def adam(self, threads: int | None = None) -> float:
         """Seconds of one AdamW pass (``threads`` intra-op threads, default: as set)."""
-        saved = torch.get_num_threads()
-        if threads:
-            torch.set_num_threads(threads)
         self.step += 1
-        try:
+        with torch_threads(threads):
             t0 = time.perf_counter()
             if self.kernel is not None:
                 self.kernel.adamw_bf16(self.p, self.m, self.v, self.slot, 1e-5, 0.9, 0.95, 1e-8, 0.0,
@@ -70,8 +67,6 @@ class ContentionRig:
                                     maximize=False)
                 self.slot.copy_(self.p)
             return time.perf_counter() - t0
-        finally:
-            torch.set_num_threads(saved)
 
     def copies(self, directions: tuple[str, ...], stop: threading.Event | None = None,
                seconds: float = 0.0) -> dict[str, float]:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from slidedp.calibration.measurements import torch_threads
+
 SIBLING_RATIO = 0.8  # p's rate with q busy below this fraction of its rate alone: q shares p's core
 MATMUL = 256  # the loop's square fp32 matmul: ~0.5 ms a call, so the GIL between calls costs little
 
@@ -70,17 +72,14 @@ def _loop_rate(cpu: int, seconds: float, start: threading.Barrier, out: dict[int
 
 def rates_together(cpus: list[int], seconds: float) -> dict[int, float]:
     """Each of ``cpus``' loop rate (matmuls/s) while all of them run at once, one thread per vCPU."""
-    saved = torch.get_num_threads()
     out: dict[int, float] = {}
     start = threading.Barrier(len(cpus))
     threads = [threading.Thread(target=_loop_rate, args=(c, seconds, start, out)) for c in cpus]
-    try:
+    with torch_threads():  # the loops' setting reaches torch's process-wide count too
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-    finally:
-        torch.set_num_threads(saved)  # the loops' setting reaches torch's process-wide count too
     return out
 
 

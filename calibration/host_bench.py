@@ -11,7 +11,7 @@ import os
 import torch
 
 from slidedp.calibration.fits import fit_link
-from slidedp.calibration.measurements import Measurements, Progress, median_time
+from slidedp.calibration.measurements import Measurements, Progress, median_time, torch_threads
 from slidedp.errors import SlideDPError
 
 
@@ -62,18 +62,14 @@ def host_benchmarks(quick: bool, progress: Progress | None = None) -> Measuremen
     bf16 = host_buffer(n, torch.bfloat16)
     kernel = fused_kernel()
     update = _adam_update(kernel, p, mom, var, slot)
-    saved = torch.get_num_threads()
     counts = thread_counts(os.cpu_count() or 1)
-    try:
-        for i, threads in enumerate(counts):
-            torch.set_num_threads(threads)
+    for i, threads in enumerate(counts):
+        with torch_threads(threads):
             m.stream_gbps[threads] = 2 * n * 4 / median_time(lambda: dst.copy_(src), repeats) / 1e9
             m.cast_gelems_per_s[threads] = n / median_time(lambda: bf16.copy_(p), repeats) / 1e9
             m.adam_gparams_per_s[threads] = n / median_time(update, repeats) / 1e9
-            if progress:
-                progress(i + 1, len(counts))
-    finally:
-        torch.set_num_threads(saved)
+        if progress:
+            progress(i + 1, len(counts))
     m.state_update_gparams_per_s = state_update_benchmarks(n, repeats, counts)
     m.adam_fused_cast = kernel is not None
     m.report["adam_kernel"] = "one-pass bf16 kernel" if kernel is not None else "torch fused AdamW (fp32 grads)"
@@ -163,17 +159,13 @@ def state_update_benchmarks(n: int, repeats: int, counts: list[int]) -> dict[str
     from slidedp.state_precision import STATE_CHOICES
 
     out: dict[str, dict[int, float]] = {}
-    saved = torch.get_num_threads()
-    try:
-        for precision in STATE_CHOICES:
-            if precision.is_exact:
-                continue  # host.adam_gparams_per_s
-            update = compact_state_update(precision, n)
-            curve = {}
-            for threads in counts:
-                torch.set_num_threads(threads)
+    for precision in STATE_CHOICES:
+        if precision.is_exact:
+            continue  # host.adam_gparams_per_s
+        update = compact_state_update(precision, n)
+        curve = {}
+        for threads in counts:
+            with torch_threads(threads):
                 curve[threads] = n / median_time(update, repeats) / 1e9
-            out[precision.name] = curve
-    finally:
-        torch.set_num_threads(saved)
+        out[precision.name] = curve
     return out

@@ -1,4 +1,4 @@
-"""What the micro-benchmarks measured, and the timing helper they share.
+"""What the micro-benchmarks measured, and the timing helpers they share.
 
 Kept apart from the benchmarks so the profile fit (``profile_fit``) and tests can build ``Measurements``
 without importing the host or GPU benchmark code.
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from slidedp.calibration.shape_fit import ShapeSamples
@@ -55,3 +56,21 @@ def median_time(fn: Callable[[], None], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+@contextmanager
+def torch_threads(threads: int | None = None) -> Iterator[None]:
+    """Run the block at ``threads`` intra-op threads (None: as set), then restore the count found on entry.
+
+    torch's count is process-wide, and a benchmark that times one thread count must not leave it changed for the
+    next benchmark or for the caller; ``torch.set_num_threads`` inside the block is restored too.
+    """
+    import torch  # here, so the profile fit and tests read Measurements without loading torch
+
+    saved = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)

@@ -528,3 +528,19 @@ def test_update_call_us_is_checked():
     base = load_hardware("h200-x1")
     with pytest.raises(SlideDPError, match="update_call_us.fp32"):
         replace(base.host, update_call_us={"fp32": -1.0})
+
+
+def test_torch_threads_sets_the_count_in_the_block_and_restores_it_after_an_error():
+    import torch
+
+    from slidedp.calibration.measurements import torch_threads
+
+    entry = torch.get_num_threads()
+    other = 1 if entry != 1 else 2
+    with pytest.raises(RuntimeError), torch_threads(other):
+        assert torch.get_num_threads() == other
+        torch.set_num_threads(entry + 1)  # a change inside the block is undone too
+        raise RuntimeError("a benchmark failed")
+    assert torch.get_num_threads() == entry
+    with torch_threads(None):
+        assert torch.get_num_threads() == entry
