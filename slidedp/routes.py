@@ -198,6 +198,12 @@ class Routes:
         return 2 * (self.ranks - 1) / self.ranks * nbytes * params if self.ranks > 1 else 0.0
 
     # ---- ownership -------------------------------------------------------------------------------------------
+    @property
+    def owners_per_chunk(self) -> int:
+        """How many ranks update each chunk (the length of every ``chunk_owners``): each rank its shard on the
+        reduce-scatter route, else the chunk's one owner."""
+        return self.ranks if self.shards_updates else 1
+
     def chunk_owners(self, u: int, c: int) -> tuple[int, ...]:
         """Ranks whose CPU worker updates (part of) chunk ``c`` of unit ``u``.
 

@@ -11,7 +11,7 @@ step in layer-major order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from slidedp.compute import ComputeOp, backward_ops, gradient_ops
 from slidedp.errors import SlideDPError
@@ -205,7 +205,8 @@ def time_units(works: tuple[UnitWork, ...], gpu: GPUSpec) -> tuple[Unit, ...]:
             continue
         if w.recompute not in timed:
             timed[w.recompute] = time_unit(w, gpu)
-        units.append(replace(timed[w.recompute], index=w.index, name=w.name))
+        # every field of the timed layer but its place (cheaper than dataclasses.replace, 80 times a workload)
+        units.append(Unit(**{**vars(timed[w.recompute]), "index": w.index, "name": w.name}))
     return tuple(units)
 
 

@@ -313,9 +313,7 @@ class StepWorkload:
 
     def update_calls(self, u: int) -> int:
         """CPU update calls of unit ``u`` in a step, over all ranks (none for a GPU-state unit)."""
-        if self.gpu_state(u):
-            return 0
-        return sum(len(self.routes.chunk_owners(u, c)) for c in range(self.chunks))
+        return 0 if self.gpu_state(u) else self.chunks * self.routes.owners_per_chunk
 
     @property
     def link_latency(self) -> float:

@@ -42,6 +42,7 @@ def test_owned_ranges_cover_each_chunk_exactly_once(grad_route, ranks):
             assert pieces[0][0] == a and pieces[-1][1] == b
             assert all(x[1] == y[0] for x, y in zip(pieces, pieces[1:], strict=False))
             assert {rank for rank, p in enumerate(owned) if p is not None} == set(r.chunk_owners(u, c))
+            assert len(r.chunk_owners(u, c)) == r.owners_per_chunk  # the update-call count's closed form
 
 
 def test_one_owner_route_spreads_chunks_round_robin():
