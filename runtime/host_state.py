@@ -69,6 +69,11 @@ def _share_numel(share: list[tuple[int, int, int]] | None, numel: int) -> int:
     return numel if share is None else sum(hi - lo for lo, hi, _ in share)
 
 
+def _needs_grads(precision: StatePrecision, slot_dtype: torch.dtype, grad_dtype: torch.dtype) -> bool:
+    """StatePrecision.needs_grad_buffer for these dtypes: the memory model counts the same buffers."""
+    return precision.needs_grad_buffer(grad_dtype.itemsize, slot_dtype.itemsize)
+
+
 def host_buffer(numel: int, dtype: torch.dtype, pin: bool = False) -> torch.Tensor:
     """A zeroed host buffer whose pages are touched now, by torch's intra-op threads in equal contiguous parts
     (buffers under 32,768 elements by one), not during the first copy. On a host with several memory nodes the
@@ -154,7 +159,7 @@ class HostState:
         ``share``: the parts whose master and moments this host keeps (sharded host layout)."""
         cls._check(precision, slot_dtype, share)
         if share is not None:
-            grads = None if grad_dtype == slot_dtype else host_buffer(numel, grad_dtype, pin)
+            grads = host_buffer(numel, grad_dtype, pin) if _needs_grads(precision, slot_dtype, grad_dtype) else None
             state_numel = _share_numel(share, numel)
             return cls(host_buffer(state_numel, torch.float32, pin), host_buffer(state_numel, torch.float32, pin),
                        host_buffer(state_numel, torch.float32, pin), host_buffer(numel, slot_dtype, pin), grads,
@@ -163,8 +168,7 @@ class HostState:
         md, qm, qv = cls._dtypes(precision)
         master = host_buffer(numel, md, pin)
         slot = master if precision.master_streams else host_buffer(numel, slot_dtype, pin)
-        grads = None if grad_dtype == slot_dtype and not precision.master_streams else \
-            host_buffer(numel, grad_dtype, pin)
+        grads = host_buffer(numel, grad_dtype, pin) if _needs_grads(precision, slot_dtype, grad_dtype) else None
         state = cls(master, host_buffer(numel, qm, pin), host_buffer(numel, qv, pin), slot, grads, pin,
                     precision=precision)
         state._place_blocks(unit_numels)
@@ -185,7 +189,7 @@ class HostState:
 
         cls._check(precision, slot_dtype, share)
         if share is not None:
-            grads = None if grad_dtype == slot_dtype else file("grads.bin", numel, grad_dtype)
+            grads = file("grads.bin", numel, grad_dtype) if _needs_grads(precision, slot_dtype, grad_dtype) else None
             state_numel = _share_numel(share, numel)
             state = cls(file("master.bin", state_numel, torch.float32),
                         file("exp_avg.bin", state_numel, torch.float32),
@@ -199,8 +203,7 @@ class HostState:
         md, qm, qv = cls._dtypes(precision)
         master = file("master.bin", numel, md)
         slot = master if precision.master_streams else file("slot.bin", numel, slot_dtype)
-        grads = None if grad_dtype == slot_dtype and not precision.master_streams else \
-            file("grads.bin", numel, grad_dtype)
+        grads = file("grads.bin", numel, grad_dtype) if _needs_grads(precision, slot_dtype, grad_dtype) else None
         state = cls(master, file("exp_avg.bin", numel, qm), file("exp_avg_sq.bin", numel, qv), slot, grads, pin,
                     precision=precision)
         state._place_blocks(unit_numels)

@@ -317,8 +317,9 @@ class Trainer:
             start_step = self._initialise(host, adapter, device)
         where = (f"predicted GPU peak {self.memory.gpu_peak / GIB:.1f} GiB of a {self.gpu_budget / GIB:.1f} GiB budget"
                  if device.is_cuda else "device cpu: no GPU, the weights stream into host memory")
+        spec_bytes = self.precision.host_bytes_per_param(host.grad_buffer.element_size(), self.compute_dtype.itemsize)
         self.log(f"host state {self.precision.name} (master {self.precision.master}, moments {self.precision.moments}"
-                 f"): {self.precision.host_bytes_per_param(host.grad_buffer.element_size()):.2f} bytes/param by spec")
+                 f"): {spec_bytes:.2f} bytes/param by spec")
         self.log(f"host state: {host.bytes_per_param():.1f} bytes/param x {adapter.total_params / 1e9:.3f} B params "
                  f"= {host.total_bytes() / GIB:.2f} GiB (one copy for {comm.world} rank(s), pinned={host.pinned}"
                  f"{f'; host {groups.host} of {groups.hosts}, {s.policy.host_layout}' if groups.hosts > 1 else ''}); "

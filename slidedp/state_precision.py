@@ -93,16 +93,25 @@ class StatePrecision:
         """Master weights and both moments: what a host keeps only for its share when sharded across hosts."""
         return self.master_bytes + 2 * self.moment_bytes
 
-    @staticmethod
-    def slot_bytes_per_param(grad_bytes: int = 2) -> float:
-        """The bf16 gradient slot (which with an fp32 master also holds the bf16 weights the next H2D reads), plus
-        an fp32 gradient buffer where gradients are fp32."""
-        return GRAD_SLOT_BYTES + (0 if grad_bytes <= GRAD_SLOT_BYTES else grad_bytes)
+    def needs_grad_buffer(self, grad_bytes: int, slot_bytes: int = GRAD_SLOT_BYTES) -> bool:
+        """Whether gradients need a host buffer of their own beside the slot: always with a bf16 master (the slot
+        is the master), else where the gradient's dtype is not the slot's. The runtime allocates by this rule
+        (runtime.host_state) and the memory model counts by it."""
+        return self.master_streams or grad_bytes != slot_bytes
 
-    def host_bytes_per_param(self, grad_bytes: int = 2) -> float:
-        """Host bytes per parameter of the shared state: master, m, v and the gradient slot. 14 for fp32 with bf16
-        gradients, ~8 with 8-bit moments, ~6 with a bf16 master and 8-bit moments; fp32 gradients need 4 more."""
-        return self.optimizer_bytes_per_param + self.slot_bytes_per_param(grad_bytes)
+    def slot_bytes_per_param(self, grad_bytes: int = 2, slot_bytes: int = GRAD_SLOT_BYTES) -> float:
+        """The slot a unit's gradient lands in, which with an fp32 master also holds the weights the next H2D
+        reads (``slot_bytes``: 2 for the bf16 compute of a GPU run, 4 for a CPU run in fp32; a bf16 master is the
+        slot itself), plus the gradient buffer where ``needs_grad_buffer``."""
+        own_slot = 0 if self.master_streams else slot_bytes
+        return own_slot + (grad_bytes if self.needs_grad_buffer(grad_bytes, slot_bytes) else 0)
+
+    def host_bytes_per_param(self, grad_bytes: int = 2, slot_bytes: int = GRAD_SLOT_BYTES) -> float:
+        """Host bytes per parameter of the shared state: master, m, v, the slot and any gradient buffer. 14 for
+        fp32 with bf16 gradients, ~8 with 8-bit moments, ~6 with a bf16 master and 8-bit moments; fp32 gradients
+        need 4 more with an fp32 master and 2 more with a bf16 one (16 for an fp32 CPU run, slot and gradient
+        alike)."""
+        return self.optimizer_bytes_per_param + self.slot_bytes_per_param(grad_bytes, slot_bytes)
 
     def update_dram_bytes_per_param(self, grad_bytes: int) -> float:
         """DRAM bytes one parameter's one-pass update moves: read the gradient, read and write master, m and v,

@@ -365,6 +365,25 @@ def test_bytes_per_param_follow_the_spec_and_bf16_master_is_the_slot():
         HostState.allocate(10, torch.float32, torch.float32, pin=False, precision=StatePrecision("bf16", "int8"))
 
 
+@pytest.mark.parametrize("state", ["fp32", "fp32+bf16", "fp32+int8", "bf16+bf16", "bf16+int8"])
+@pytest.mark.parametrize("slot,grad", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                       (torch.float32, torch.float32)])
+def test_the_buffers_allocated_are_the_bytes_the_spec_counts(state, slot, grad):
+    """One rule (StatePrecision.needs_grad_buffer) for the runtime's buffers and the memory model's bytes, for
+    every slot and gradient dtype: a CPU run in fp32 holds 16 B/param in fp32 state, not the 18 a bf16 slot plus
+    an fp32 gradient buffer would take."""
+    p = StatePrecision.parse(state)
+    if p.master_streams and slot != torch.bfloat16:
+        return  # refused above: a bf16 master is the weight the device reads
+    units = [3072, 5120]
+    host = HostState.allocate(sum(units), slot, grad, pin=False, precision=p, unit_numels=units)
+    expected = p.host_bytes_per_param(grad.itemsize, slot.itemsize)
+    assert host.bytes_per_param() == pytest.approx(expected, rel=0.01)
+    assert (host.grads is not None) == p.needs_grad_buffer(grad.itemsize, slot.itemsize)
+    if p.is_exact and slot == grad == torch.float32:
+        assert expected == 16
+
+
 def test_int8_chunks_and_shards_start_on_block_boundaries():
     policy = Policy(chunks_per_layer=3, param_route="sharded", grad_route="reduce_scatter", state="fp32+int8")
     routes = Routes.of(policy, 3)
