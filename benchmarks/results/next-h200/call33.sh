@@ -5,9 +5,4 @@
 # counts 15, 11, 5 (never used) and 10 (c25's miss). Prediction written before: every experiment within 10%,
 # the 10-thread pass alone included (a static schedule waits for the slowest vCPU; a dynamic one does not).
 # Carry .whl. Run: bash benchmarks/results/next-h200/call33.sh
-source benchmarks/results/h200-2026-12-04/setup.sh
-O=/tmp/c33; mkdir -p $O
-{ nvidia-smi --query-gpu=name,memory.total --format=csv; lscpu | grep -E "Model name|Model:"; } > $OUT/c33_host.txt 2>&1
-timeout $(left 290) python3 -m benchmarks.contention --out $O/ct --calibrate-first --threads 15 11 10 5 --repeats 3 \
-  > $OUT/c33_ct.log 2>&1
-pack_runs c33.tgz $O
+OUT=$OUT C=c33 bash benchmarks/results/next-h200/call25.sh 15 11 10 5
