@@ -12,6 +12,7 @@ step in layer-major order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from slidedp.compute import ComputeOp, backward_ops, gradient_ops
 from slidedp.errors import SlideDPError
@@ -91,6 +92,22 @@ class Unit:
         return backward_reads_weights(self.kind)
 
 
+_Placed = TypeVar("_Placed", UnitWork, Unit)
+
+
+def relabelled(unit: _Placed, index: int, name: str) -> _Placed:
+    """A copy of ``unit`` (a UnitWork or a Unit) at another place in the model: ``dataclasses.replace(unit,
+    index=index, name=name)``, built without __init__. A frozen dataclass's __init__ sets each field through
+    object.__setattr__, and a workload of an 80-layer model builds 160 of these: copying the fields' dict is
+    about 4x faster (0.05 against 0.2 ms for 80), which keeps a fresh analytical estimate near 1 ms. Neither class
+    checks anything in __init__, so the copy is the object replace would build (tested)."""
+    copy = object.__new__(type(unit))
+    fields = copy.__dict__
+    fields.update(unit.__dict__)
+    fields["index"], fields["name"] = index, name
+    return copy
+
+
 def attention_span(lengths: list[int] | tuple[int, ...]) -> float:
     """The token-weighted mean length of the examples whose attention packed rows compute (padding counts as
     an example of its own: the varlen kernel runs it): sum(L^2) / sum(L). Causal attention over examples of
@@ -129,11 +146,15 @@ def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int
     tile_ops = tuple(m.tile_recompute_ops(micro_batch, seq, seq_tile_tokens))
     tile_flops = sum(op.flops for op in tile_ops)
     layer_grads = tuple(gradient_ops(m.layer_params, m.layer_tensors, accumulation))
+    layers: dict[bool, UnitWork] = {}  # the layers differ only in place and in whether they rerun the forward
     for i in range(m.layers):
         reruns = recompute and i < first_kept
-        units.append(UnitWork(i + 1, f"layer{i}", "layer", m.layer_params, lin, attn, mb_tokens, accumulation,
-                              reruns, ckpt, tile_flops=tile_flops, fwd_ops=layer_fwd, bwd_ops=layer_bwd,
-                              recompute_ops=(layer_fwd if reruns else ()) + tile_ops, step_ops=layer_grads))
+        if reruns not in layers:
+            layers[reruns] = UnitWork(i + 1, f"layer{i}", "layer", m.layer_params, lin, attn, mb_tokens,
+                                      accumulation, reruns, ckpt, tile_flops=tile_flops, fwd_ops=layer_fwd,
+                                      bwd_ops=layer_bwd, recompute_ops=(layer_fwd if reruns else ()) + tile_ops,
+                                      step_ops=layer_grads)
+        units.append(relabelled(layers[reruns], i + 1, f"layer{i}"))
     # FLOPs as the layer-level model counts the chunked loss (backward = 2x + a recomputed forward); the op
     # list follows the runtime, which makes, uses and differentiates each logits chunk once.
     head_fwd, head_bwd = m.head_ops(mb_tokens, loss_chunk_tokens)
@@ -205,8 +226,7 @@ def time_units(works: tuple[UnitWork, ...], gpu: GPUSpec) -> tuple[Unit, ...]:
             continue
         if w.recompute not in timed:
             timed[w.recompute] = time_unit(w, gpu)
-        # every field of the timed layer but its place (cheaper than dataclasses.replace, 80 times a workload)
-        units.append(Unit(**{**vars(timed[w.recompute]), "index": w.index, "name": w.name}))
+        units.append(relabelled(timed[w.recompute], w.index, w.name))
     return tuple(units)
 
 

@@ -105,3 +105,27 @@ def test_simulate_reads_kept_layers_from_a_policy_file_and_refuses_more_than_the
     Policy(micro_batch=4, kept_layers=37).save(policy)
     assert main([*args, "--policy", str(policy)]) == 2
     assert "kept_layers 37 exceeds the model's 36 decoder layers" in capsys.readouterr().err
+
+
+def test_relabelled_layers_are_the_objects_dataclasses_replace_builds():
+    """slidedp.units.relabelled skips __init__ for speed; it stays equal to replace only while neither class
+    checks or derives anything when built."""
+    from dataclasses import replace
+
+    from slidedp.hardware import load_hardware
+    from slidedp.model_spec import load_model_spec
+    from slidedp.units import Unit, UnitWork, relabelled, time_units, unit_work
+
+    for cls in (Unit, UnitWork):
+        assert not hasattr(cls, "__post_init__"), cls
+    works = unit_work(load_model_spec("qwen3-0.6b"), "recompute", 1, 2, 1024, kept_layers=3)
+    units = time_units(works, load_hardware("h200-x1").gpu)
+    for proto in (works[1], works[-2], units[1], units[-2]):
+        copy = relabelled(proto, 99, "layer98")
+        assert copy == replace(proto, index=99, name="layer98") and type(copy) is type(proto)
+        assert (proto.index, proto.name) != (99, "layer98")  # the original is untouched
+    layers = [w for w in works if w.kind == "layer"]
+    assert [w.index for w in layers] == list(range(1, len(layers) + 1))
+    assert [w.name for w in layers] == [f"layer{i}" for i in range(len(layers))]
+    assert [w.recompute for w in layers] == [True] * (len(layers) - 3) + [False] * 3
+    assert all(not w.recompute_ops or w.recompute_ops[0] is layers[0].fwd_ops[0] for w in layers)
