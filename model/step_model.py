@@ -133,11 +133,12 @@ class _Recurrence:
         call = w.update_call_latency  # per call: one per chunk an owner updates
         for u, p in enumerate(params):
             nic = cpu_nic * p / nic_cap if cpu_nic and p else 0.0  # the host's NICs, shared by its workers
+            calls_s = w.update_calls(u) * call  # every owner's calls of this unit
             if self.lanes == 1:
-                self.lane_work.append([(0, sec_per_param * p / n + nic + w.update_calls(u) / n * call)])
-            else:
+                self.lane_work.append([(0, sec_per_param * p / n + nic + calls_s / n)])
+            else:  # one owner per chunk: owner k makes m of the c calls
                 counts = routes.owner_chunk_counts(u)
-                self.lane_work.append([(k, (sec_per_param * p + nic) * m / c + (m * call if p else 0.0))
+                self.lane_work.append([(k, (sec_per_param * p + nic + calls_s) * m / c)
                                        for k, m in enumerate(counts) if m])
         self.upd = [max(t for _, t in lw) for lw in self.lane_work]
         self.host_upd = [(host_b + cpu_nic) * p for p in params]
