@@ -68,6 +68,9 @@ def load_trace(path: str | Path) -> pd.DataFrame:
     return validate_trace(df)
 
 
+TRACE_SUFFIXES = (".json", ".csv", ".parquet")  # Chrome trace JSON (Perfetto), CSV, parquet
+
+
 def save_trace(df: pd.DataFrame, path: str | Path) -> None:
     """CSV, parquet, or Chrome trace JSON (open in Perfetto) by suffix."""
     path = Path(path)

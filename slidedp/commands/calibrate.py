@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 from rich.console import Console
 
 from slidedp.commands.progress import progress_callback
-from slidedp.commands.validation_table import load_records, validation_table
+from slidedp.commands.validation_table import cpu_runs_warning, load_records, validation_table
 from slidedp.errors import SlideDPError
 from slidedp.hardware import load_hardware
 from slidedp.model_spec import load_model_spec
+from slidedp.output_paths import check_output_file
+
+
+def brief(value) -> str:
+    """A fit's report entry as one readable line: floats to four significant digits, dicts as key=value."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}={brief(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(brief(v) for v in value) + "]"
+    return str(value)
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -28,11 +41,17 @@ def run_calibrate(args: argparse.Namespace) -> int:
     host_only = getattr(args, "host_only", False)
     if host_only and (args.model or args.from_run):
         raise SlideDPError("--host-only measures the CPU alone; it takes neither --model nor --from-run")
+    if args.quick and args.from_run:
+        raise SlideDPError("--quick shortens the micro-benchmarks, which --from-run does not run: give one of them")
+    out = check_output_file(args.out, "--out")
     base = load_hardware(args.base)
     for model in args.model or []:  # a bad --model fails now, not after minutes of benchmarks
         load_model_spec(model)
     if args.from_run:
         records = load_records(args.from_run)
+        if any(r.measured_on_cpu for r in records):
+            Console(stderr=True).print(f"slidedp: warning: {cpu_runs_warning(records, base.name)}; the refit "
+                                       "describes this CPU as the device", highlight=False, soft_wrap=True)
         before = validate(records, base)
         profile, report = refit_profile(base, records)
         after = validate(records, profile)
@@ -60,12 +79,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
         profile, report = profile_from(base, measured)
     warnings = report.pop("warnings", [])
     for key, value in report.items():
-        console.print(f"  {key}: {value}")
+        console.print(f"  {key}: {brief(value)}", highlight=False)
     for line in warnings:  # a fit that was not credible: its fields kept the base profile's values
-        Console(stderr=True).print(f"slidedp: warning: {line}", highlight=False)
-    try:
-        profile.save(Path(args.out))
-    except OSError as exc:
-        raise SlideDPError(f"cannot write {args.out!r}: {exc.strerror}") from None
+        Console(stderr=True).print(f"slidedp: warning: {line}", highlight=False, soft_wrap=True)
+    profile.save(out)
     console.print(f"wrote {args.out}")
     return 0

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from dataclasses import asdict
 
 from rich.console import Console
 from rich.table import Table
@@ -13,6 +15,7 @@ from slidedp.hardware import GIB
 from slidedp.model import estimate_step, memory_shortfalls
 from slidedp.model.step_model import StepEstimate
 from slidedp.model_spec import load_model_spec
+from slidedp.output_paths import check_output_dir, check_output_file
 from slidedp.peers import (
     SLIDEDP,
     SYSTEMS,
@@ -29,11 +32,20 @@ from slidedp.report.rundir import write_run_dir
 from slidedp.run_summary import AnalyticalStep, MemorySummary, RunSummary, SimulatedStep, span_field
 from slidedp.sim import SimResult, simulate
 from slidedp.state_choice import AUTO, StateChoice, choose_state, measured_states, state_options
-from slidedp.trace import EXPOSURE_CATEGORIES, save_trace
+from slidedp.trace import EXPOSURE_CATEGORIES, TRACE_SUFFIXES, save_trace
 from slidedp.workload import StepWorkload
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """--trace and --out, before anything is simulated."""
+    if args.trace:
+        check_output_file(args.trace, "--trace", TRACE_SUFFIXES)
+    if args.out:
+        check_output_dir(args.out, "--out")
+
+
 def run_simulate(args: argparse.Namespace) -> int:
+    check_outputs(args)
     if peer_system(getattr(args, "system", SLIDEDP)) is not None:
         return run_peer_simulate(args)
     spec, hw, policy, w = resolve_problem(args.model, args.hardware, args.gpus, args.seq, args.batch, args.policy,
@@ -62,15 +74,17 @@ def run_simulate(args: argparse.Namespace) -> int:
     )
     if args.out:
         write_run_dir(args.out, result.trace, result.exposure, summary, policy, hw)
-    peers = peer_host_needs(spec, hw, w.seq, w.global_batch) if getattr(args, "peers", False) \
-        else None
-    if args.json:
-        print(summary.to_json())
+    peers = peer_memory_rows(peer_host_needs(spec, hw, w.seq, w.global_batch), w, est, budget) \
+        if getattr(args, "peers", False) else None
+    if args.json:  # what the tables say, as one object
+        extra = {} if choice is None else {"state_choice": asdict(choice)}
+        print(json.dumps({**summary.to_dict(), **extra, **({"peers": peers} if peers is not None else {})},
+                         indent=2))
     else:
         _print_tables(summary, result, est)
         _print_state(w, est, choice)
         if peers is not None:
-            _print_peer_host_needs(peers, w, est, budget)
+            _print_peer_host_needs(peers, w, budget)
     return 0
 
 
@@ -136,21 +150,29 @@ def _print_state(w: StepWorkload, est: StepEstimate, choice: StateChoice | None)
         console.print(w.state_update_rate_note)
 
 
-def _print_peer_host_needs(rows: list[tuple[str, PeerMemory]], w: StepWorkload, est: StepEstimate,
-                           budget: Budget) -> None:
-    """Host bytes per parameter (state alone, and all the system holds on the host) and whether each system fits
-    the host and GPU budgets, SlideDP in its host-state precision first."""
-    table = Table(title=f"Memory each system needs for {w.model.name}, seq {w.seq}, batch {w.global_batch} "
-                        f"(host budget {budget.host_bytes / GIB:.1f} GiB, GPU {budget.gpu_bytes / GIB:.1f} GiB)")
-    for col in ("system", "host B/param state", "host B/param all", "host GiB", "GPU peak GiB", "fits"):
-        table.add_column(col, justify="left" if col == "system" else "right")
+def peer_memory_rows(rows: list[tuple[str, PeerMemory]], w: StepWorkload, est: StepEstimate,
+                     budget: Budget) -> list[dict]:
+    """Host bytes per parameter (state alone, and all the system holds on the host), host and GPU peak bytes,
+    and whether each system fits the host and GPU budgets, SlideDP in its host-state precision first: what the
+    --peers table prints and --json writes."""
     mem = est.memory
     entries = [(f"slidedp ({w.state.name})", mem.host_bytes_per_param, mem.host_total, mem.params, mem.gpu_peak)]
     entries += [(name, m.host_bytes_per_param, m.host_total, m.params, m.gpu_peak) for name, m in rows]
-    for name, state_bpp, host_total, params, gpu_peak in entries:
-        fits = host_total <= budget.host_bytes and gpu_peak <= budget.gpu_bytes
-        table.add_row(name, f"{state_bpp:.3g}", f"{host_total / params:.3g}", f"{host_total / GIB:.1f}",
-                      f"{gpu_peak / GIB:.1f}", "yes" if fits else "no")
+    return [{"system": name, "host_state_bytes_per_param": state_bpp, "host_bytes_per_param": host_total / params,
+             "host_gib": host_total / GIB, "gpu_peak_gib": gpu_peak / GIB,
+             "fits": bool(host_total <= budget.host_bytes and gpu_peak <= budget.gpu_bytes)}
+            for name, state_bpp, host_total, params, gpu_peak in entries]
+
+
+def _print_peer_host_needs(rows: list[dict], w: StepWorkload, budget: Budget) -> None:
+    table = Table(title=f"Memory each system needs for {w.model.name}, seq {w.seq}, batch {w.global_batch} "
+                        f"(host budget {budget.host_bytes / GIB:.1f} GiB, GPU {budget.gpu_bytes / GIB:.1f} GiB)")
+    table.add_column("system", no_wrap=True)
+    for col in ("host B/param state", "host B/param all", "host GiB", "GPU peak GiB", "fits"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["system"], f"{r['host_state_bytes_per_param']:.3g}", f"{r['host_bytes_per_param']:.3g}",
+                      f"{r['host_gib']:.1f}", f"{r['gpu_peak_gib']:.1f}", "yes" if r["fits"] else "no")
     Console().print(table)
 
 

@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from slidedp.commands.progress import progress_callback
-from slidedp.errors import SlideDPError
 from slidedp.model_spec import load_model_spec
+from slidedp.output_paths import check_output_file
 from slidedp.problem import checked_span, resolve_budget, resolve_hardware
 from slidedp.state_choice import state_options
 from slidedp.tune import TuneSpace, tune
@@ -28,11 +28,18 @@ def global_batch_from(args: argparse.Namespace, num_gpus: int) -> int:
 
 
 def run_tune(args: argparse.Namespace) -> int:
+    out = check_output_file(args.out, "--out")
+    ranked_path = check_output_file(args.table, "--table") if args.table else \
+        check_output_file(out.with_name(out.stem + "_ranked.csv"), "the ranked table beside --out")
     spec = load_model_spec(args.model)
     hw = resolve_hardware(args.hardware, args.gpus)
     budget = resolve_budget(hw, args.gpu_budget, args.host_limit)
     hosts = getattr(args, "hosts", 1)
     batch = global_batch_from(args, hw.num_gpus * hosts)
+    if args.tokens_per_step is not None and batch * args.seq != args.tokens_per_step:
+        Console().print(f"--tokens-per-step {args.tokens_per_step:,} is batch {batch} on {hw.num_gpus * hosts} GPU(s) "
+                        f"at seq {args.seq} ({batch * args.seq:,} tokens: whole sequences on every GPU)",
+                        highlight=False)
     space = TuneSpace(clipping=not args.no_clip, gpu_state=not args.no_gpu_state,
                       kept_layers=not getattr(args, "no_kept_layers", False),
                       states=state_options(getattr(args, "state", "fp32")))
@@ -44,13 +51,9 @@ def run_tune(args: argparse.Namespace) -> int:
         result = tune(spec, hw, args.seq, batch, budget, space, refine_top=args.top_k, progress=progress, hosts=hosts,
                       attention_span=checked_span(args.attention_span, args.seq))
     table = result.table()
-    out = Path(args.out)
     result.best.policy.save(out)
-    ranked_path = Path(args.table) if args.table else out.with_name(out.stem + "_ranked.csv")
-    try:
-        table.to_csv(ranked_path, index=False)
-    except OSError as exc:
-        raise SlideDPError(f"cannot write {str(ranked_path)!r}: {exc.strerror}") from None
+    ranked_path.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(ranked_path, index=False)
     _print(table, result, spec.name, hw.name, args.seq, batch, out, ranked_path, args.show)
     return 0
 
@@ -74,8 +77,9 @@ def _print(table, result, model: str, hardware: str, seq: int, batch: int, out: 
     console = Console()
     refined = sum(c.sim is not None for c in result.candidates)
     console.print(f"tuned [bold]{model}[/] on [bold]{hardware}[/], seq {seq}, batch {batch}: "
-                  f"{result.enumerated} policies enumerated, {len(result.candidates)} feasible (with GPU-held "
-                  f"variants), top {refined} refined with the simulator, {result.elapsed_s:.1f} s")
+                  f"{result.enumerated} policies enumerated, {len(result.candidates)} feasible (counting the GPU-held "
+                  f"and kept-layer variants tried for each), top {refined} refined with the simulator, "
+                  f"{result.elapsed_s:.1f} s")
     console.print(ranked_view(table.head(show)))
     shown = table.head(show)
     console.print(_LEGEND + ("\n" + _TILE_LEGEND if shown["seq_tile_tokens"].any() else "")

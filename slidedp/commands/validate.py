@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from rich.console import Console
 
-from slidedp.commands.validation_table import load_records, validation_table
+from slidedp.commands.validation_table import cpu_runs_warning, load_records, validation_table
 from slidedp.hardware import load_hardware
+from slidedp.output_paths import check_output_file
 
 
 def run_validate(args: argparse.Namespace) -> int:
     from slidedp.calibration.from_run import mape, validate
 
+    if args.out:
+        check_output_file(args.out, "--out", (".csv",))
     records = load_records(args.runs)
     table = validate(records, load_hardware(args.hardware))
     console = Console()
+    warning = cpu_runs_warning(records, args.hardware)
+    if warning:
+        print(f"slidedp: warning: {warning}", file=sys.stderr)
     console.print(validation_table(f"{args.hardware}: MAPE {mape(table):.1f}%, limiter matches "
                                    f"{int(table.limiter_match.sum())}/{len(table)}", table))
     if args.out:

@@ -19,6 +19,17 @@ def load_records(paths: list[str]) -> list[RunRecord]:
     return [load_record(p) for p in paths]
 
 
+def cpu_runs_warning(records: list[RunRecord], profile: str) -> str | None:
+    """One warning line where runs measured on the CPU are judged against a profile of a GPU host: their errors
+    say how far this CPU is from that host, not how good the profile is."""
+    cpu = [r.label for r in records if r.measured_on_cpu]
+    if not cpu:
+        return None
+    names = ", ".join(cpu[:3]) + (f" and {len(cpu) - 3} more" if len(cpu) > 3 else "")
+    return (f"{names} ran on the CPU: {profile} prices a GPU host, so these errors measure the difference "
+            f"between the two, not the profile")
+
+
 def validation_table(title: str, table: pd.DataFrame) -> Table:
     """The rich view of a ``from_run.validate`` table: one row per run."""
     view = Table(title=title)

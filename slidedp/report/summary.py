@@ -66,7 +66,9 @@ def build_report(run: RunDir, out: Path, sweep: pd.DataFrame | None = None,
                                                "(CPU run)" if on_cpu else "Where each GPU's step time goes")
     rep.figures["exposure"] = out / "exposure.png"
     if sweep is not None:
-        rep.data["sweep"] = plots.sweep_plot(sweep, out / "sweep", f"Throughput sweep: {name}")
+        # The sweep's own model (a sweep may be of another model than the run beside it).
+        swept = ", ".join(map(str, sweep.model.dropna().unique())) if "model" in sweep else name
+        rep.data["sweep"] = plots.sweep_plot(sweep, out / "sweep", f"Throughput sweep: {swept or name}")
         rep.figures["sweep"] = out / "sweep.png"
     if validation is not None:
         rep.data["validation"] = plots.predicted_vs_measured(validation, out / "validation",

@@ -57,6 +57,7 @@ def _files(tmp) -> dict[str, str]:
         "pol_tile_neg": "seq_tile_tokens: -4096\n",
         "pol_tile_float": "seq_tile_tokens: 4096.5\n",
         "pol_tile_str": "seq_tile_tokens: big\n",
+        "pol_many_chunks": "chunks_per_layer: 100000\n",
     }
     for name, text in policies.items():
         (tmp / f"{name}.yaml").write_text(text)
@@ -77,6 +78,8 @@ def _files(tmp) -> dict[str, str]:
     (tmp / "bigint.jsonl").write_text('{"text": ' + "9" * 5000 + "}\n")
     out.update(surrogate=str(tmp / "surrogate.jsonl"), bigint=str(tmp / "bigint.jsonl"))
     (tmp / "empty_dir").mkdir()
+    for name in ("dir.json", "dir.csv", "dir.yaml"):  # directories where a command writes a file
+        (tmp / name).mkdir()
     (tmp / "not_a_trace.csv").write_text("a,b\n1,2\n")
     out.update(data=str(tmp / "data.txt"), empty_dir=str(tmp / "empty_dir"), not_a_trace=str(tmp / "not_a_trace.csv"),
                good=str(tmp / "cfg_good.json"), tmp=str(tmp))
@@ -168,6 +171,28 @@ CASES: list[list[str]] = [
     [*TRAIN, "--model", "{good}", "--save-every", "-1"],
     [*TRAIN, "--model", "{good}", "--gpu-budget", "inf"],
     [*TRAIN, "--model", "{good}", "--batch", "9" * 5000],
+    ["simulate", "--policy", "{pol_many_chunks}"],
+    ["tune", "--model", "qwen3-0.6b", "--batch", "8", "--chunks", "100000"],
+    # where a command writes: checked before any work (a path under a regular file, a directory where a file
+    # goes, /proc, which root's permission bits call writable)
+    ["simulate", "--trace", "{data}/x.json"],
+    ["simulate", "--trace", "{tmp}/dir.json"],
+    ["simulate", "--trace", "/proc/slidedp-x.json"],
+    ["simulate", "--out", "{data}/run"],
+    ["simulate", "--system", "zero2-offload", "--trace", "{tmp}/dir.json"],
+    ["sweep", "--out", "{data}/s.csv"],
+    ["sweep", "--out", "{tmp}/dir.csv"],
+    ["tune", "--model", "qwen3-0.6b", "--batch", "8", "--out", "{data}/p.yaml"],
+    ["tune", "--model", "qwen3-0.6b", "--batch", "8", "--out", "{tmp}/dir.yaml"],
+    ["tune", "--model", "qwen3-0.6b", "--batch", "8", "--table", "{tmp}/dir.csv"],
+    ["report", "{not_a_trace}", "--out", "{data}/r"],
+    ["validate", "{empty_dir}", "--out", "{tmp}/dir.csv"],
+    ["calibrate", "--quick", "--out", "{data}/p.yaml"],
+    ["calibrate", "--quick", "--out", "/proc/slidedp-p.yaml"],
+    [*TRAIN, "--model", "{good}", "--out", "{data}/run"],
+    [*TRAIN, "--model", "{good}", "--out", "/proc/slidedp-run"],
+    [*TRAIN, "--model", "{good}", "--cache-dir", "{data}/cache"],
+    [*TRAIN, "--model", "{good}", "--export-hf", "{data}/export"],
 ]
 
 

@@ -190,3 +190,16 @@ def test_a_state_mode_keeps_the_hosts_and_the_attention_span(capsys):
     assert code == 0, err
     got = json.loads(out)
     assert got["attention_span"] == 512 and got["policy"]["state"] == "bf16+int8"
+
+
+def test_json_carries_the_state_choice_and_the_peers_the_tables_show(capsys):
+    code, out, err = run(capsys, *ARGS, "--state", "auto", "--peers", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    choice = got["state_choice"]
+    assert choice["state"] == got["policy"]["state"] and choice["reason"] and "fp32" in choice["step_s"]
+    systems = [row["system"] for row in got["peers"]]
+    assert systems[0] == f"slidedp ({choice['state']})" and "zero2-offload" in systems
+    assert all(row["host_gib"] >= 0 and isinstance(row["fits"], bool) for row in got["peers"])
+    _, table, _ = run(capsys, *ARGS, "--state", "auto", "--peers")
+    assert all(name in table for name in systems)  # every system's name printed whole

@@ -98,6 +98,27 @@ def test_run_dir_round_trip_and_report(sim_result, sweep_table, tmp_path):
 
 
 
+def test_the_sweep_figure_names_the_swept_model_not_the_runs(sim_result, sweep_table, tmp_path):
+    run_dir = write_run_dir(tmp_path / "run", sim_result.trace, sim_result.exposure,
+                            RunSummary(model="another-model", step_time_s=sim_result.step_time_s))
+    build_report(load_run(run_dir), tmp_path / "rep", sweep_table, None)
+    svg = (tmp_path / "rep" / "sweep.svg").read_text()
+    assert "Throughput sweep: qwen3-0.6b" in svg and "another-model" not in svg
+
+
+@pytest.mark.parametrize("rows, message", [
+    ("a,1.0,x\n", "measured_s must be a positive number"),
+    ("a,1.0,0.5\nb,-1,2\n", "predicted_s must be a positive number"),
+    ("", "has no rows"),
+])
+def test_a_bad_validation_table_is_one_line(sim_result, tmp_path, capsys, rows, message):
+    run_dir = write_run_dir(tmp_path / "run", sim_result.trace, sim_result.exposure, RunSummary())
+    (tmp_path / "v.csv").write_text("label,predicted_s,measured_s\n" + rows)
+    assert main(["report", str(run_dir), "--validation", str(tmp_path / "v.csv"), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
 def test_unpack_session_joins_loose_files_and_the_raw_archive(sim_result, tmp_path):
     """A results folder with a run directory split between git (summary) and raw.tar.xz (trace) loads whole."""
     import tarfile
@@ -132,6 +153,11 @@ def test_cli_simulate_sweep_report(tmp_path, capsys):
     assert main(["sweep", "--model", "qwen3-0.6b", "--hardware", "h100-sxm-x4", "--seq", "1024", "--batches", "4",
                  "8", "--policies", "sharded", "zero-offload-like", "--out", str(sweep)]) == 0
     assert len(pd.read_parquet(sweep)) == 2 * 2 * 3
+    shown = capsys.readouterr().out.splitlines()
+    # The printed table fits 80 columns uncut; what every row shares is said once, under it.
+    assert max(map(len, shown)) <= 80 and not any("\u2026" in line for line in shown), "\n".join(shown)
+    assert any("zero-offload-like" in line for line in shown)
+    assert any(line.startswith("every row: seq 1024") for line in shown)
     assert main(["report", str(run), "--sweep", str(sweep), "--out", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "report.html").exists() and (tmp_path / "rep" / "sweep.svg").exists()
     capsys.readouterr()
