@@ -35,15 +35,35 @@ class RunLock:
         except BlockingIOError:
             holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(self._fd)
-            raise SlideDPError(f"run directory {str(out)!r} is in use by another slidedp run (pid {holder}); "
-                               f"use another --out or wait for it") from None
+            raise _in_use(out, holder) from None
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, str(os.getpid()).encode(), 0)
+
+    @staticmethod
+    def refuse_if_held(out: Path) -> None:
+        """Refuse at once if a live run holds ``out`` (any node's lock), without taking the lock: a run checks
+        this before it judges what the directory holds, since a live run's files are not an earlier run's."""
+        for path in out.glob(LOCK_FILE + "*"):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise _in_use(out, os.pread(fd, 32, 0).decode(errors="replace").strip() or "?") from None
+            finally:
+                os.close(fd)
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _in_use(out: Path, holder: str) -> SlideDPError:
+    return SlideDPError(f"run directory {str(out)!r} is in use by another slidedp run (pid {holder}); use another "
+                        f"--out or wait for it")
 
 
 def _libc() -> ctypes.CDLL | None:

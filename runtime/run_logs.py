@@ -20,6 +20,7 @@ from slidedp.errors import SlideDPError
 LOGGERS = ("tensorboard", "wandb", "none")
 COLUMNS = ("step", "loss", "grad_norm", "lr", "skipped", "step_time_s", "tokens_per_s", "gpu_peak_gib",
            "host_rss_gib", "eval_loss", "eval_ppl")
+METRICS_FILE = "metrics.csv"
 TB_DIR = "tensorboard"
 
 
@@ -46,7 +47,7 @@ class RunLog:
         self._csv = self._tb = self._wandb = None
         if not active:
             return
-        path = out / "metrics.csv"
+        path = out / METRICS_FILE
         fresh = not (append and path.exists())
         self._fh = open(path, "w" if fresh else "a", newline="")  # noqa: SIM115 - closed in close()
         self._csv = csv.writer(self._fh)

@@ -23,6 +23,7 @@ from slidedp.exposure import exposure_from_trace, limiter
 from slidedp.hardware import GIB, HardwareProfile
 from slidedp.model import estimate_memory, memory_shortfalls
 from slidedp.model_spec import ModelSpec
+from slidedp.output_paths import check_output_dir
 from slidedp.policy import Policy
 from slidedp.problem import REPLAN_BUDGET_FRACTION, gpu_memory_gib
 from slidedp.report.rundir import write_run_dir
@@ -36,9 +37,10 @@ from slidedp.runtime.device import Device, rank_gpu_gib
 from slidedp.runtime.engine import EngineConfig, StepStats, StreamingEngine, shared_buffer_sizes
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
 from slidedp.runtime.host_state import HostState
+from slidedp.runtime.lifetime import RunLock
 from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.packed_attention import VarlenKernel, example_lengths, torch_varlen_kernel, varlen_available
-from slidedp.runtime.run_logs import RunLog, check_logger, perplexity
+from slidedp.runtime.run_logs import METRICS_FILE, TB_DIR, RunLog, check_logger, perplexity
 from slidedp.runtime.shared_dir import (
     LAUNCHER_PID_ENV,
     NODE_RANK_ENV,
@@ -93,6 +95,7 @@ class TrainSpec:
     log: str = "none"  # tensorboard | wandb | none (metrics.csv is always written)
     keep: int = 1  # checkpoints kept: the latest plus keep - 1 older ones
     cache_dir: str | None = None  # tokenized data cache (default <out>/data_cache)
+    overwrite: bool = False  # start a new run in an --out that holds an earlier one (its checkpoint, metrics.csv)
     run_config: dict | None = None  # the resolved settings, saved as <out>/config.yaml
     policy_source: str = "file"  # file | default | auto (chosen by the tuner)
     tuner_step_time_s: float | None = None  # --policy auto: the tuner's predicted step time
@@ -165,9 +168,18 @@ class Trainer:
         if s.eval_every < 0:
             raise SlideDPError("--eval-every must be >= 0")
         check_logger(s.log)
-        _check_writable_dir(s.out, "--out")
+        check_output_dir(s.out, "--out")
+        launched = "WORLD_SIZE" in os.environ  # a rank: its launcher checked the directory and holds its lock
+        if not launched:
+            RunLock.refuse_if_held(s.out)
+        if not launched and s.resume is None and not s.overwrite and _holds_a_run(s.out):
+            raise SlideDPError(f"--out {str(s.out)!r} holds an earlier run (its checkpoint or metrics.csv): add "
+                               f"--resume {str(s.out / CHECKPOINT)!r} to continue it, --overwrite to start over "
+                               f"there, or choose another --out")
+        if s.cache_dir:
+            check_output_dir(s.cache_dir, "--cache-dir")
         if s.export_hf:
-            _check_writable_dir(Path(s.export_hf), "--export-hf", empty_or_export=True)
+            _check_export_dir(Path(s.export_hf))
         if s.policy.update_schedule == "as_ready" and s.on_nonfinite == "skip":
             # as_ready applies each chunk's update as its gradient lands, before the step's norm is known: a
             # non-finite step could only be skipped for the chunks that had not landed yet.
@@ -333,7 +345,10 @@ class Trainer:
         if s.resume and host.share is not None:  # each host loaded its share: every host's into every slot
             engine.publish_share()
         s.out.mkdir(parents=True, exist_ok=True)
-        if comm.rank == 0:  # a save of this host's checkpoint (share) that a kill interrupted
+        if s.overwrite and not s.resume and world.rank == 0:
+            for line in _clear_earlier_run(s.out):
+                self.log(f"--overwrite: removed {line}")
+        if comm.rank == 0 and not s.overwrite:  # a save of this host's checkpoint (share) that a kill interrupted
             for line in checkpoint_files.recover(self._checkpoint_dir(s.out / CHECKPOINT)):
                 self.log(f"checkpoint: {line}")
         if world.rank == 0 and s.run_config is not None:
@@ -613,18 +628,33 @@ def schedule_dict(optim: OptimConfig) -> dict:
             "min_lr_ratio": optim.min_lr_ratio}
 
 
-def _check_writable_dir(path: Path, flag: str, empty_or_export: bool = False) -> None:
-    """A directory the run will write: not an existing file, and its nearest existing ancestor writable.
-    An export target must be empty or an earlier export (its config.json), so nothing else is overwritten."""
-    if path.exists() and not path.is_dir():
-        raise SlideDPError(f"{flag} {str(path)!r} exists and is not a directory")
-    if empty_or_export and path.is_dir() and any(path.iterdir()) and not (path / "config.json").is_file():
-        raise SlideDPError(f"{flag} {str(path)!r} is a non-empty directory that is not an earlier export")
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise SlideDPError(f"{flag} {str(path)!r}: {str(probe)!r} is not a writable directory")
+def _check_export_dir(path: Path) -> None:
+    """An export target must be writable, and empty or an earlier export (its config.json), so nothing else in
+    it is overwritten."""
+    check_output_dir(path, "--export-hf")
+    if path.is_dir() and any(path.iterdir()) and not (path / "config.json").is_file():
+        raise SlideDPError(f"--export-hf {str(path)!r} is a non-empty directory that is not an earlier export")
+
+
+def _holds_a_run(out: Path) -> bool:
+    """Whether ``out`` already holds a run that a new one would overwrite: its checkpoint or its metrics."""
+    return (out / CHECKPOINT).exists() or (out / METRICS_FILE).exists() or any(out.glob(CHECKPOINT + ".old-*"))
+
+
+def _clear_earlier_run(out: Path) -> list[str]:
+    """--overwrite: remove what an earlier run left in ``out`` that the new one would otherwise mix with its own
+    (checkpoints, kept checkpoints, metrics, TensorBoard events); nothing else in the directory is touched."""
+    removed = []
+    for path in sorted([out / CHECKPOINT, *out.glob(CHECKPOINT + "-step*"), *out.glob(CHECKPOINT + ".*"),
+                        out / METRICS_FILE, out / TB_DIR]):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(path.name)
+    return removed
 
 
 def _kept(out: Path) -> list[tuple[int, Path]]:

@@ -92,6 +92,9 @@ def add_train_args(train: argparse.ArgumentParser) -> None:
 
     out = train.add_argument_group("checkpoints, export and logs")
     out.add_argument("--resume", help="checkpoint directory to continue from")
+    out.add_argument("--overwrite", action="store_true",
+                     help="start a new run in an --out that holds an earlier one (its checkpoints, metrics.csv and "
+                          "TensorBoard events are removed first); without it such an --out is refused")
     out.add_argument("--save-every", type=non_negative_int, default=0, help="checkpoint every N steps (and at the end)")
     out.add_argument("--keep", type=positive_int, default=1,
                      help="checkpoints kept: the latest in <out>/checkpoint and N-1 older checkpoint-step<N>")
@@ -249,6 +252,7 @@ def build_train_spec(args: argparse.Namespace, log=print):
                      on_nonfinite=args.on_nonfinite, packed_attention=args.packed_attention,
                      ranks_per_gpu=args.ranks_per_gpu,
                      eval_every=args.eval_every, log=args.log, keep=args.keep, cache_dir=args.cache_dir,
+                     overwrite=args.overwrite,
                      run_config=settings(args), policy_source=source, tuner_step_time_s=tuned)
 
 
