@@ -15,6 +15,8 @@ import pytest
 
 from slidedp.cli import build_parser, main
 from slidedp.commands.train_args import build_train_spec
+from slidedp.model_spec import load_model_spec
+from slidedp.workload import StepWorkload
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -57,6 +59,9 @@ def test_readme_train_examples_run_against_the_policies_its_tune_examples_write(
             continue  # its policy comes from the tune example that is parsed, not run
         spec = build_train_spec(args, log=lambda _msg: None)
         assert spec.policy.sequences_per_rank() * args.nproc == args.batch
+        # The trainer's own workload (its thread and batch checks against the run's hardware profile).
+        hw = spec.hardware if spec.hardware.num_gpus == args.nproc else spec.hardware.with_gpus(args.nproc)
+        StepWorkload(load_model_spec(args.model), hw, spec.policy, args.seq, args.batch)
         checked += 1
     assert checked >= 2
 
