@@ -30,6 +30,17 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
+def require_cuda(script: str) -> None:
+    """Scripts that measure a GPU run: one line and exit 2 on a machine without CUDA, before anything is done
+    (on a CPU they would calibrate the CPU as if it were the GPU host and time runs that cannot start)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{script}: needs a CUDA GPU (it measures GPU runs; the figures it made are in benchmarks/RESULTS.md)",
+              file=sys.stderr)
+        raise SystemExit(2)
+
+
 def synthetic_tokens(vocab: int, batch: int, seq: int):
     """The tokens every benchmarked system trains on for a (batch, seq): seeded by the shape, so SlideDP,
     its resident reference and the peers see the same data."""

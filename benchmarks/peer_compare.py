@@ -47,10 +47,10 @@ from pathlib import Path
 from benchmarks.common import append_jsonl, log, pack, read_jsonl, run_in_own_session
 from benchmarks.peer_external import DEFAULT_PEERS_DIR
 from benchmarks.peer_systems import WORKERS
-from slidedp.report.peers import OURS, SYSTEMS, load_rows, plot, table_markdown
+from slidedp.report.peers import OURS, SYSTEMS, load_rows, plot, table_markdown, title_for
 
 
-def collate(out: Path, include: list[str] | None = None) -> None:
+def collate(out: Path, include: list[str] | None = None, device: str = "cuda") -> None:
     rows = load_rows(out)
     for path in include or []:  # other invocations' results (e.g. a second model), for one table and figure
         rows += read_jsonl(Path(path))
@@ -58,7 +58,7 @@ def collate(out: Path, include: list[str] | None = None) -> None:
         log("no results to collate")
         return
     (out / "table.md").write_text(table_markdown(rows))
-    plot(rows, out)
+    plot(rows, out, title_for(device))
     runs = out / "slidedp_runs"
     if runs.is_dir():
         pack(out / "slidedp_runs.tar.gz", [(runs, "slidedp_runs")])
@@ -88,15 +88,17 @@ def drive(args) -> int:
         log(f"=== {system}: {' '.join(cmd[1:])}")
         t0 = time.perf_counter()
         limit = min(args.timeout, args.deadline - (time.perf_counter() - start))
-        code = run_in_own_session(cmd, limit) if limit >= 30 else None  # its `slidedp train` runs end with it
-        status = f"exit {code}" if code is not None else f"stopped at its time limit ({limit:.0f} s)"
+        started = limit >= 30
+        code = run_in_own_session(cmd, limit) if started else None  # its `slidedp train` runs end with it
+        status = f"exit {code}" if code is not None else f"stopped at its time limit ({limit:.0f} s)" if started \
+            else f"not started: {max(limit, 0):.0f} s of --deadline left, under the 30 s a system needs"
         log(f"=== {system}: {status} in {time.perf_counter() - t0:.1f} s")
         done = {(r["system"], r["batch"]) for r in load_rows(out)}
         for batch in args.batches:
             if (system, batch) not in done:
                 append_jsonl(results, {"system": system, "model": args.model, "seq": args.seq, "batch": batch,
                                        "status": f"not run ({status})"})
-    collate(out)
+    collate(out, device=args.device)
     return 0
 
 
@@ -133,7 +135,7 @@ def main() -> int:
     p.add_argument("--include", nargs="*", help="with --collate: more results.jsonl files to merge in")
     args = p.parse_args()
     if args.collate:
-        collate(Path(args.out), args.include)
+        collate(Path(args.out), args.include, args.device)
         return 0
     if args.worker is None:
         return drive(args)

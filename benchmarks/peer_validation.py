@@ -23,7 +23,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.common import log
+from benchmarks.common import log, require_cuda
 
 MEASURED_AS = {"deepspeed-offload": "zero2-offload", "fsdp2-offload": "fsdp2-offload"}
 
@@ -46,6 +46,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--deadline", type=float, default=420, help="seconds for the peer runs at most")
     args = parser.parse_args()
+    require_cuda("benchmarks.peer_validation")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

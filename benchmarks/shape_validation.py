@@ -26,7 +26,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.common import append_jsonl, log
+from benchmarks.common import append_jsonl, log, require_cuda
 
 ARCHS: dict[str, dict] = {
     "llama3b": dict(model_type="llama", vocab_size=128256, hidden_size=3072, intermediate_size=8192,
@@ -176,6 +176,7 @@ def main() -> None:
     parser.add_argument("--profile", help="shape profile from an earlier --only calibrate")
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
+    require_cuda("benchmarks.shape_validation")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     profile = Path(args.profile) if args.profile else None

@@ -43,6 +43,12 @@ class RunRecord:
     measured_limiter: str
     trace: pd.DataFrame
     attention_span: float | None = None  # packed rows through the varlen kernel (RunSummary.attention_span)
+    device: str | None = None  # where a measured run computed (RunSummary.device); None: simulated or not said
+
+    @property
+    def measured_on_cpu(self) -> bool:
+        """A run measured with the CPU as its device: a profile of a GPU host does not describe it."""
+        return self.device is not None and not self.device.startswith("cuda")
 
     def workload(self, hw: HardwareProfile) -> StepWorkload:
         machine = hw if hw.num_gpus == self.ranks else hw.with_gpus(self.ranks)
@@ -61,7 +67,7 @@ def load_record(path: str | Path) -> RunRecord:
                      seq=int(s.seq), batch=int(s.batch), ranks=int(ranks), adam_threads=s.adam_threads,
                      measured_s=float(s.step_time_s),
                      measured_limiter=str(s.limiter if "limiter" in s.given else ""), trace=run.trace,
-                     attention_span=s.attention_span)
+                     attention_span=s.attention_span, device=s.device if "device" in s.given else None)
 
 
 def validate(records: list[RunRecord], hw: HardwareProfile) -> pd.DataFrame:
@@ -97,9 +103,14 @@ def refit_profile(base: HardwareProfile, records: list[RunRecord]) -> tuple[Hard
         raise SlideDPError("refit needs at least one run directory")
     trace = pd.concat([r.trace for r in records], ignore_index=True)
     gpu, host = base.gpu, base.host
-    report: dict = {}
+    report: dict = {"warnings": []}
     for op, field in (("h2d_param", "h2d_gbps"), ("d2h_grad", "d2h_gbps")):
-        fit = _copy_fit(trace, op)
+        try:
+            fit = _copy_fit(trace, op)
+        except SlideDPError as exc:  # e.g. a CPU run's copies, whose times need not grow with their size
+            report["warnings"].append(f"{field}: kept {base.name}'s value, the runs' {op} copies give no "
+                                      f"credible fit ({exc})")
+            continue
         if fit is None:
             continue
         if isinstance(fit, float):
@@ -124,7 +135,7 @@ def refit_profile(base: HardwareProfile, records: list[RunRecord]) -> tuple[Hard
         host, report_modes = refit_state_update_rates(compact, replace(base, gpu=gpu, host=host))
         report.update(report_modes)
     gpu, report_compute = _refit_compute(gpu, records)
-    report.setdefault("warnings", []).extend(report_compute.pop("warnings", []))
+    report["warnings"].extend(report_compute.pop("warnings", []))
     report.update(report_compute)
     if not report["warnings"]:
         del report["warnings"]

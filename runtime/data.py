@@ -98,7 +98,7 @@ def load_data(spec: DataSpec, vocab_size: int, seq: int, per_step: int, seed: in
         windows = torch.randint(0, vocab_size, (max(per_step * 4, 16), seq + 1), generator=g)
         return LoadedData(PackedData(Rows.from_windows(windows), per_step, seed), None, "synthetic", [])
     source = DataSource.resolve(spec.source)
-    eval_source = DataSource.resolve(spec.eval_source) if spec.eval_source else None
+    eval_source = DataSource.resolve(spec.eval_source, "--eval-data") if spec.eval_source else None
     tok = load_tokenizer(spec.tokenizer, vocab_size)
     key = _cache_key(spec, source, eval_source, tok, seq, seed)
     cache_file = cache_dir / f"tokens-{key}.safetensors" if cache_dir is not None else None

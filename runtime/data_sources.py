@@ -35,10 +35,10 @@ class DataSource:
     saved: bool = False  # a Dataset.save_to_disk directory
 
     @classmethod
-    def resolve(cls, source: str) -> DataSource:
+    def resolve(cls, source: str, flag: str = "--data") -> DataSource:
         path = Path(source)
         if not path.exists():
-            raise SlideDPError(f"data {source!r} does not exist")
+            raise SlideDPError(f"{flag} {source!r} does not exist")
         if path.is_dir() and any((path / m).exists() for m in SAVED_DATASET_MARKERS):
             return cls(path, {}, saved=True)
         if path.is_dir():

@@ -62,6 +62,8 @@ def load_hf_config(source: str, attn_implementation: str = "sdpa"):
         path = Path(source)
         if path.is_dir():
             path = path / "config.json"
+            if not path.is_file():
+                raise SlideDPError(f"model directory {source!r} has no config.json")
         if not path.is_file():
             raise SlideDPError(f"model {source!r}: not a preset nor a directory/config.json that exists")
         try:

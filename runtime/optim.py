@@ -35,14 +35,21 @@ class OptimConfig:
                   self.max_grad_norm if self.max_grad_norm is not None else 1.0)
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
             raise SlideDPError("optimizer: lr, weight decay, betas, eps, min-lr ratio and max grad norm must be finite")
-        if not 0 < self.lr <= 1 or not 0 <= self.weight_decay <= 10 or not 0 <= self.beta1 < 1 \
-                or not 0 <= self.beta2 < 1 or not 0 < self.eps <= 1:
-            raise SlideDPError("optimizer: lr must be in (0, 1], weight_decay in [0, 10], betas in [0, 1) "
-                               "and eps in (0, 1]")
+        for name, ok, allowed in (("lr", 0 < self.lr <= 1, "in (0, 1]"),
+                                  ("weight_decay", 0 <= self.weight_decay <= 10, "in [0, 10]"),
+                                  ("beta1", 0 <= self.beta1 < 1, "in [0, 1)"),
+                                  ("beta2", 0 <= self.beta2 < 1, "in [0, 1)"),
+                                  ("eps", 0 < self.eps <= 1, "in (0, 1]"),
+                                  ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "in [0, 1]"),
+                                  ("warmup_steps", self.warmup_steps >= 0, ">= 0"),
+                                  ("total_steps", self.total_steps >= 1, ">= 1")):
+            if not ok:
+                raise SlideDPError(f"optimizer: {name} must be {allowed}, got {getattr(self, name)!r}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise SlideDPError("optimizer: max_grad_norm must be positive (or omitted)")
-        if self.warmup_steps < 0 or self.total_steps < 1 or not 0 <= self.min_lr_ratio <= 1:
-            raise SlideDPError("optimizer: warmup_steps >= 0, total_steps >= 1, min_lr_ratio in [0, 1]")
+        if self.warmup_steps > self.total_steps:
+            raise SlideDPError(f"optimizer: warmup_steps {self.warmup_steps} exceeds the schedule's total_steps "
+                               f"{self.total_steps} (the learning rate would never reach its peak)")
 
 
 def lr_at(cfg: OptimConfig, step: int) -> float:

@@ -266,9 +266,14 @@ class ModelSpec:
         """Build from a Hugging Face config.json dict (Llama, Mistral, Qwen2/2.5, Qwen3)."""
         if not isinstance(cfg, dict):
             raise SlideDPError(f"model {quote(name)}: config must be a JSON object")
+        filled = _transformers_defaults(cfg)
+        cfg = {**filled, **{k: v for k, v in cfg.items() if v is not None}}
         try:
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
+            if cfg.get("head_dim") is None and heads and hidden % heads:
+                raise SlideDPError(f"model {quote(name)}: hidden_size {hidden} is not a multiple of "
+                                   f"num_attention_heads {heads} and config.json gives no head_dim")
             spec = cls(
                 name=name,
                 layers=int(cfg["num_hidden_layers"]),
@@ -283,12 +288,36 @@ class ModelSpec:
                 qk_norm=str(cfg.get("model_type", "")).startswith("qwen3"),
                 attn_bias=bool(cfg.get("attention_bias", str(cfg.get("model_type", "")) == "qwen2")),
             )
+        except SlideDPError as exc:
+            if not filled:
+                raise
+            said = ", ".join(f"{k} {v}" for k, v in filled.items())
+            raise SlideDPError(f"{exc} ({said}: transformers' default for {cfg.get('model_type')}, which "
+                               f"config.json does not set)") from None
         except KeyError as exc:
             raise SlideDPError(f"model {name!r}: config.json lacks required key {exc.args[0]!r}") from None
         except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: an infinite size
             raise SlideDPError(f"model {quote(name)}: config.json has a non-numeric size "
                                f"({str(exc)[:80]})") from None
         return spec
+
+
+def _transformers_defaults(cfg: dict) -> dict:
+    """num_key_value_heads and head_dim where config.json omits them, as transformers' config class of its
+    model_type fills them in (they differ by type: Qwen3 defaults to 32 KV heads and head_dim 128, Llama to the
+    attention heads), so the simulator prices the model that ``slidedp train`` builds. Empty where nothing is
+    missing or transformers cannot build the config (the checks below then name what is wrong)."""
+    missing = [k for k in ("num_key_value_heads", "head_dim") if cfg.get(k) is None]
+    model_type = cfg.get("model_type")
+    if not missing or not isinstance(model_type, str):
+        return {}
+    try:
+        from transformers import CONFIG_MAPPING
+
+        hf = CONFIG_MAPPING[model_type](**{k: v for k, v in cfg.items() if k != "model_type"})
+    except Exception:  # an unknown type or a config transformers refuses: validated by the caller
+        return {}
+    return {k: v for k in missing if isinstance(v := getattr(hf, k, None), int) and not isinstance(v, bool)}
 
 
 def load_model_spec(name_or_path: str) -> ModelSpec:
@@ -301,6 +330,8 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
     path = Path(name_or_path)
     if path.is_dir():
         path = path / "config.json"
+        if not path.exists():
+            raise SlideDPError(f"model directory {name_or_path!r} has no config.json")
     if not path.exists():
         known = ", ".join(sorted(MODEL_PRESETS))
         raise SlideDPError(f"unknown model {name_or_path!r}: not a preset ({known}) nor an existing config.json")

@@ -22,7 +22,20 @@ COLORS = {"slidedp": "tab:blue", "slidedp-host": "tab:cyan", "slidedp-compact": 
           "fsdp2-offload": "tab:orange",
           "deepspeed-offload": "tab:green", "resident": "tab:red", "slideformer": "tab:purple",
           "megatrain": "tab:brown"}
-TITLE = "Full-parameter training throughput on one H200: SlideDP, offloading peers, GPU-resident"
+TITLE = "Full-parameter training throughput on {where}: SlideDP, offloading peers, GPU-resident"
+
+
+def title_for(device: str) -> str:
+    """The figure's title for runs on ``device`` (cpu: a functional check of the harness, not a benchmark)."""
+    if device == "cpu":
+        return TITLE.format(where="the CPU (a check of the harness, not a benchmark)")
+    try:
+        import torch
+
+        name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "one GPU"
+    except (ImportError, RuntimeError):
+        name = "one GPU"
+    return TITLE.format(where=f"one {name}" if name != "one GPU" else name)
 
 
 def load_rows(out: Path) -> list[dict]:
@@ -78,7 +91,7 @@ def table_markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], out: Path, title: str = TITLE) -> list[Path]:
+def plot(rows: list[dict], out: Path, title: str = TITLE.format(where="one GPU")) -> list[Path]:
     """Throughput (tokens/s) against batch, one panel per model and one line per system; a batch a system
     could not run (out of memory, skipped) is an x on the panel's floor so a missing point is not mistaken
     for a slow one. Writes peer_compare.png and .svg into ``out`` and returns their paths."""

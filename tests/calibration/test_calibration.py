@@ -76,6 +76,35 @@ def _simulated_runs(tmp_path, hw: HardwareProfile) -> list:
     return paths
 
 
+def _as_cpu_runs(paths) -> None:
+    """The runs as a CPU run records them: device cpu, and copies whose times do not grow with their size."""
+    import json
+
+    import pandas as pd
+
+    for path in paths:
+        summary = json.loads((path / "summary.json").read_text())
+        (path / "summary.json").write_text(json.dumps({**summary, "source": "measured", "device": "cpu"}))
+        trace = pd.read_parquet(path / "trace.parquet")
+        copies = trace.op.isin(["h2d_param", "d2h_grad"])
+        trace.loc[copies, "end_s"] = trace.loc[copies, "start_s"] + 1e-3 / (1 + trace.loc[copies, "bytes"] / 1e6)
+        trace.to_parquet(path / "trace.parquet", index=False)
+
+
+def test_cpu_runs_keep_the_base_links_and_say_why(tmp_path, capsys):
+    paths = _simulated_runs(tmp_path, _truth(load_hardware("h200-x1")))[:3]
+    _as_cpu_runs(paths)
+    refit_out = tmp_path / "refit.yaml"
+    assert main(["calibrate", "--from-run", *map(str, paths), "--out", str(refit_out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert any("ran on the CPU" in line and "describes this CPU as the device" in line for line in err), err
+    assert any(line.startswith("slidedp: warning: h2d_gbps: kept h200-x1's value") for line in err), err
+    assert load_hardware(str(refit_out)).gpu.h2d_gbps == load_hardware("h200-x1").gpu.h2d_gbps
+    assert main(["validate", *map(str, paths)]) == 0
+    assert "ran on the CPU: h200-x1 prices a GPU host" in capsys.readouterr().err
+    assert main(["calibrate", "--quick", "--from-run", str(paths[0])]) == 2
+
+
 def test_refit_from_runs_lowers_the_prediction_error(tmp_path):
     base = load_hardware("h200-x1")
     records = [load_record(p) for p in _simulated_runs(tmp_path, _truth(base))]

@@ -79,7 +79,9 @@ def test_resume_is_bit_identical(tmp_path, model_json, text_file):
     ("over_budget", "preflight: GPU peak"),
     ("bad_policy_batch", "disagrees with the policy"),
     ("bad_jsonl", "cannot parse as json"),
-    ("missing_data", "does not exist"),
+    ("missing_data", "--data"),
+    ("missing_eval_data", "--eval-data"),
+    ("model_dir_without_config", "has no config.json"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, model_json, text_file, capsys, case, message):
     model, data, extra = str(model_json), str(text_file), []
@@ -105,6 +107,11 @@ def test_bad_input_exits_2_and_writes_nothing(tmp_path, model_json, text_file, c
         data = str(tmp_path / "bad.jsonl")
     elif case == "missing_data":
         data = str(tmp_path / "nothing.txt")
+    elif case == "missing_eval_data":
+        extra = ["--eval-data", str(tmp_path / "nothing.jsonl")]
+    elif case == "model_dir_without_config":
+        (tmp_path / "empty_model").mkdir()
+        model = str(tmp_path / "empty_model")
     out = tmp_path / "run"
     code = main(["train", "--model", model, "--data", data, "--seq", "32", "--batch", "2", "--steps", "1",
                  "--out", str(out), *extra])

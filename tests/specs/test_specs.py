@@ -29,6 +29,27 @@ def test_hf_config_file_and_directory_give_the_preset(tmp_path):
         assert spec.train_flops_per_token(4096) == preset.train_flops_per_token(4096)
 
 
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "llama", "mistral"])
+def test_omitted_kv_heads_and_head_dim_are_what_transformers_builds(model_type):
+    """The simulator prices the model slidedp train builds: the same defaults as transformers' config class."""
+    from transformers import CONFIG_MAPPING
+
+    cfg = dict(model_type=model_type, hidden_size=256, num_attention_heads=32, intermediate_size=512,
+               num_hidden_layers=2, vocab_size=1000)
+    hf = CONFIG_MAPPING[model_type](**{k: v for k, v in cfg.items() if k != "model_type"})
+    spec = ModelSpec.from_hf_config(cfg)
+    assert spec.kv_heads == hf.num_key_value_heads
+    assert spec.head_dim == (getattr(hf, "head_dim", None) or 256 // 32)
+
+
+def test_a_head_dim_that_is_neither_given_nor_whole_is_refused():
+    cfg = dict(model_type="llama", hidden_size=30, num_attention_heads=4, num_key_value_heads=4,
+               intermediate_size=64, num_hidden_layers=2, vocab_size=100)
+    with pytest.raises(SlideDPError, match="not a multiple of num_attention_heads 4 and config.json gives no head_dim"):
+        ModelSpec.from_hf_config(cfg)
+    assert ModelSpec.from_hf_config({**cfg, "head_dim": 8}).head_dim == 8
+
+
 def test_layer_flops_match_the_h200_probe_formula():
     # The probe reports 506 TFLOP/s for one Qwen3-14B layer fwd+bwd at 4096 tokens in 17.06 ms.
     spec = load_model_spec("qwen3-14b")
