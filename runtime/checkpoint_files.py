@@ -168,6 +168,12 @@ def verify(directory: Path, numel: int, precision: StatePrecision = EXACT) -> di
     except (SafetensorError, OSError, ValueError) as exc:
         raise SlideDPError(f"{where}: {STATE_FILE} is not a readable safetensors file "
                            f"({str(exc).splitlines()[0][:80]})") from None
-    if set(shapes) != set(tensor_names(precision)) or any(shapes[t] != (numel,) for t in TENSORS):
-        raise SlideDPError(f"{where} holds {shapes}, the model has {numel} parameters per tensor")
+    if set(shapes) != set(tensor_names(precision)):
+        raise SlideDPError(f"{where} holds the tensors {', '.join(sorted(shapes))}; a {precision.name} state has "
+                           f"{', '.join(sorted(tensor_names(precision)))}")
+    held = {shapes[t] for t in TENSORS}
+    if held != {(numel,)}:
+        sizes = ", ".join(f"{s[0]:,}" if len(s) == 1 else str(s) for s in sorted(held))
+        raise SlideDPError(f"{where} holds {sizes} parameters per tensor, this model has {numel:,}: it is another "
+                           f"model's checkpoint")
     return meta

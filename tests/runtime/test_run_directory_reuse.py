@@ -42,3 +42,14 @@ def test_an_earlier_run_is_refused_then_overwritten_only_when_asked(tmp_path, ca
     # Resuming the run in its own directory is what --resume is for: no --overwrite needed.
     assert _train(tmp_path, out, "--steps", "1", "--resume", str(out / "checkpoint")) == 0
     assert len(pd.read_csv(out / "metrics.csv")) == 2
+
+
+def test_resuming_another_models_checkpoint_is_one_line(tmp_path, capsys):
+    (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
+    (tmp_path / "d.txt").write_text("some text to train on " * 200)
+    assert _train(tmp_path, tmp_path / "a", "--steps", "1") == 0
+    (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=320)))  # another model
+    capsys.readouterr()
+    assert _train(tmp_path, tmp_path / "b", "--steps", "1", "--resume", str(tmp_path / "a" / "checkpoint")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "parameters per tensor, this model has" in err[0] and "{" not in err[0], err
