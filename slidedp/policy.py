@@ -149,6 +149,23 @@ class Policy:
         return cls.from_dict(read_mapping(path, "policy"), where=Path(path).name)
 
 
+def load_policy_for(path: str | Path, per_rank: int | None) -> Policy:
+    """A policy file for a problem of ``per_rank`` sequences per rank and step. What the file leaves out of
+    micro_batch x accumulation is filled so that the batch is met, as the default policy fills it (a file with
+    only ``gpu_state_units: 4`` is that change to the default, not a batch of one); a file that gives both is
+    taken as written and checked against the batch by the workload. None: take the file as written."""
+    data = read_mapping(path, "policy")
+    policy = Policy.from_dict(data, where=Path(path).name)
+    if per_rank is None or ("micro_batch" in data and "accumulation" in data):
+        return policy
+    if "accumulation" in data:
+        micro, rest = divmod(per_rank, policy.accumulation)
+        return policy if rest or micro < 1 else replace(policy, micro_batch=micro)
+    micro = policy.micro_batch if "micro_batch" in data else 1
+    accumulation, rest = divmod(per_rank, micro)
+    return policy if rest or accumulation < 1 else replace(policy, accumulation=accumulation)
+
+
 def default_policy(global_batch: int, num_gpus: int, max_micro_batch: int = 1) -> Policy:
     """A reasonable starting policy for a global batch: sharded routes, recompute, small micro-batches."""
     if global_batch < num_gpus or global_batch % num_gpus:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GIB, HardwareProfile, load_hardware
 from slidedp.model_spec import ModelSpec, load_model_spec
-from slidedp.policy import Policy, default_policy
+from slidedp.policy import Policy, default_policy, load_policy_for
 from slidedp.workload import StepWorkload
 
 HOST_USABLE_FRACTION = 0.9  # leave room for the OS, the Python processes and page cache
@@ -56,7 +56,8 @@ def resolve_budget(hw: HardwareProfile, gpu_budget_gib: float | None, host_limit
 def resolve_policy(path: str | None, batch: int, hw: HardwareProfile, hosts: int = 1) -> Policy:
     if path is None:
         return default_policy(batch, hw.num_gpus * hosts)
-    return Policy.load(path)
+    ranks = hw.num_gpus * hosts
+    return load_policy_for(path, batch // ranks if batch % ranks == 0 else None)
 
 
 def checked_span(span: float | None, seq: int) -> float | None:

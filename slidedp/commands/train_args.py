@@ -200,7 +200,7 @@ def check_hosts_args(args: argparse.Namespace) -> None:
 
 
 def build_train_spec(args: argparse.Namespace, log=print):
-    from slidedp.policy import Policy, default_policy
+    from slidedp.policy import default_policy, load_policy_for
     from slidedp.problem import resolve_hardware
     from slidedp.runtime.data import DataSpec
     from slidedp.runtime.optim import OptimConfig
@@ -218,7 +218,8 @@ def build_train_spec(args: argparse.Namespace, log=print):
         policy, tuned = tune_policy(args, hw, log)
         source = "auto"
     elif args.policy:
-        policy, source = Policy.load(args.policy), "file"
+        per_rank = args.batch // ranks if args.batch is not None and args.batch % ranks == 0 else None
+        policy, source = load_policy_for(args.policy, per_rank), "file"
         if args.batch is not None and args.batch != policy.sequences_per_rank() * ranks:
             raise SlideDPError(f"--batch {args.batch} disagrees with the policy's micro_batch x accumulation x ranks "
                                f"= {policy.sequences_per_rank() * ranks}")

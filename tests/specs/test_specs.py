@@ -168,3 +168,30 @@ def test_default_policy_divides_the_batch():
 def test_model_spec_rejects_bad_sizes():
     with pytest.raises(SlideDPError):
         ModelSpec(name="x", layers=-1, hidden=8, ffn=8, heads=1, kv_heads=1, head_dim=8, vocab=8)
+
+
+@pytest.mark.parametrize("text, micro, accumulation", [
+    ("gpu_state_units: 2\n", 1, 8),  # a change to the default policy, not a batch of one
+    ("micro_batch: 2\n", 2, 4),
+    ("accumulation: 2\n", 4, 2),
+    ("micro_batch: 3\n", 3, 1),  # 8 sequences per rank are no multiple of 3: as written, refused by the workload
+])
+def test_a_partial_policy_file_fills_the_batch_as_the_default_does(tmp_path, text, micro, accumulation):
+    from slidedp.policy import load_policy_for
+
+    (tmp_path / "p.yaml").write_text(text)
+    policy = load_policy_for(tmp_path / "p.yaml", per_rank=8)
+    assert (policy.micro_batch, policy.accumulation) == (micro, accumulation)
+
+
+def test_a_policy_file_that_gives_both_is_taken_as_written(tmp_path, capsys):
+    from slidedp.cli import main
+
+    (tmp_path / "both.yaml").write_text("micro_batch: 1\naccumulation: 1\n")
+    (tmp_path / "part.yaml").write_text("gpu_state_units: 2\n")
+    argv = ["simulate", "--model", "qwen3-0.6b", "--hardware", "h100-sxm-x4", "--batch", "32", "--seq", "1024"]
+    assert main([*argv, "--policy", str(tmp_path / "both.yaml")]) == 2
+    assert "batch 32 != GPUs 4 x micro_batch 1 x accumulation 1" in capsys.readouterr().err
+    assert main([*argv, "--policy", str(tmp_path / "part.yaml"), "--json"]) == 0
+    policy = json.loads(capsys.readouterr().out)["policy"]
+    assert (policy["micro_batch"], policy["accumulation"], policy["gpu_state_units"]) == (1, 8, 2)
