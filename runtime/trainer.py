@@ -156,6 +156,9 @@ class Trainer:
             raise SlideDPError("--steps must be at least 1")
         if s.keep < 1:
             raise SlideDPError("--keep must be at least 1")
+        if s.keep > 1 and not s.final_checkpoint and not s.save_every:
+            raise SlideDPError(f"--keep {s.keep} keeps checkpoints, but --no-checkpoint without --save-every writes "
+                               f"none")
         if s.hosts > 1 and s.keep > 1:
             raise SlideDPError("--keep above 1 is not supported with --nnodes above 1 yet (one checkpoint per host "
                                "share is kept)")

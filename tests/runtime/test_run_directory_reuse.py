@@ -53,3 +53,11 @@ def test_resuming_another_models_checkpoint_is_one_line(tmp_path, capsys):
     assert _train(tmp_path, tmp_path / "b", "--steps", "1", "--resume", str(tmp_path / "a" / "checkpoint")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "parameters per tensor, this model has" in err[0] and "{" not in err[0], err
+
+
+def test_keep_with_no_checkpoint_written_is_refused(tmp_path, capsys):
+    (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
+    (tmp_path / "d.txt").write_text("some text to train on " * 200)
+    assert _train(tmp_path, tmp_path / "a", "--steps", "1", "--no-checkpoint", "--keep", "3") == 2
+    assert "writes none" in capsys.readouterr().err
+    assert _train(tmp_path, tmp_path / "b", "--steps", "2", "--no-checkpoint", "--save-every", "1", "--keep", "2") == 0
