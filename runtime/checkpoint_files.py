@@ -56,16 +56,24 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def save_leftovers(directory: Path) -> list[Path]:
+    """What an interrupted save of ``directory`` left beside it: its temporary copies, then its moved-aside old
+    checkpoints, oldest first (see the module docstring)."""
+    return [*directory.parent.glob(directory.name + ".tmp-*"),
+            *sorted(directory.parent.glob(directory.name + ".old-*"))]
+
+
 def recover(directory: Path) -> list[str]:
     """Finish or undo an interrupted save of ``directory``: a moved-aside old checkpoint with no new one beside
     it is put back; temporary and moved-aside leftovers are deleted. Returns what was done, one line each."""
     done = []
-    olds = sorted(directory.parent.glob(directory.name + ".old-*"))
+    leftovers = save_leftovers(directory)
+    olds = [p for p in leftovers if p.name.startswith(directory.name + ".old-")]
     if not directory.exists() and olds:
         olds[-1].rename(directory)
         done.append(f"restored {directory.name} from {olds[-1].name} (a save was killed between its renames)")
-        olds = olds[:-1]
-    for leftover in [*directory.parent.glob(directory.name + ".tmp-*"), *olds]:
+        leftovers.remove(olds[-1])
+    for leftover in leftovers:
         shutil.rmtree(leftover, ignore_errors=True)
         done.append(f"removed {leftover.name}, left by an interrupted save")
     return done

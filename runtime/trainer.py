@@ -26,7 +26,7 @@ from slidedp.model_spec import ModelSpec
 from slidedp.output_paths import check_output_dir
 from slidedp.policy import Policy
 from slidedp.problem import REPLAN_BUDGET_FRACTION, gpu_memory_gib
-from slidedp.report.rundir import write_run_dir
+from slidedp.report.rundir import measurement_files, write_run_dir
 from slidedp.routes import Routes
 from slidedp.run_summary import RunSummary, span_field
 from slidedp.runtime import checkpoint_files
@@ -172,12 +172,17 @@ class Trainer:
             raise SlideDPError("--eval-every must be >= 0")
         check_logger(s.log)
         check_output_dir(s.out, "--out")
+        if s.overwrite and s.resume is not None:
+            raise SlideDPError("--overwrite starts a new run and --resume continues one: give one of them")
         launched = "WORLD_SIZE" in os.environ  # a rank: its launcher checked the directory and holds its lock
-        if not launched:
+        if not launched and s.hosts == 1:  # several hosts lock the directory per node (RunLock), each its own
             RunLock.refuse_if_held(s.out)
-        if not launched and s.resume is None and not s.overwrite and _holds_a_run(s.out):
-            raise SlideDPError(f"--out {str(s.out)!r} holds an earlier run (its checkpoint or metrics.csv): add "
-                               f"--resume {str(s.out / CHECKPOINT)!r} to continue it, --overwrite to start over "
+        earlier = [] if launched or s.resume is not None or s.overwrite else earlier_run(s.out)
+        if earlier:
+            resume = f"--resume {str(s.out / CHECKPOINT)!r} to continue it, " \
+                if (s.out / CHECKPOINT).is_dir() else ""
+            raise SlideDPError(f"--out {str(s.out)!r} holds an earlier run ({', '.join(p.name for p in earlier[:3])}"
+                               f"{', ...' if len(earlier) > 3 else ''}): add {resume}--overwrite to start over "
                                f"there, or choose another --out")
         if s.cache_dir:
             check_output_dir(s.cache_dir, "--cache-dir")
@@ -639,23 +644,25 @@ def _check_export_dir(path: Path) -> None:
         raise SlideDPError(f"--export-hf {str(path)!r} is a non-empty directory that is not an earlier export")
 
 
-def _holds_a_run(out: Path) -> bool:
-    """Whether ``out`` already holds a run that a new one would overwrite: its checkpoint or its metrics."""
-    return (out / CHECKPOINT).exists() or (out / METRICS_FILE).exists() or any(out.glob(CHECKPOINT + ".old-*"))
+def earlier_run(out: Path) -> list[Path]:
+    """What an earlier run left in ``out`` that a new one would mix with its own: its checkpoint, kept
+    checkpoints and interrupted saves, metrics, TensorBoard events and measurement files. One list, which
+    decides whether ``out`` holds a run and is what --overwrite removes; nothing else in ``out`` is touched."""
+    latest = out / CHECKPOINT
+    found = [latest] if latest.exists() or latest.is_symlink() else []
+    found += [p for _, p in _kept(out)] + checkpoint_files.save_leftovers(latest)
+    found += [p for p in (out / METRICS_FILE, out / TB_DIR) if p.exists() or p.is_symlink()]
+    return found + measurement_files(out)
 
 
 def _clear_earlier_run(out: Path) -> list[str]:
-    """--overwrite: remove what an earlier run left in ``out`` that the new one would otherwise mix with its own
-    (checkpoints, kept checkpoints, metrics, TensorBoard events); nothing else in the directory is touched."""
+    """--overwrite: remove ``earlier_run(out)``; links are removed, never followed."""
     removed = []
-    for path in sorted([out / CHECKPOINT, *out.glob(CHECKPOINT + "-step*"), *out.glob(CHECKPOINT + ".*"),
-                        out / METRICS_FILE, out / TB_DIR]):
+    for path in earlier_run(out):
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
         else:
-            continue
+            path.unlink(missing_ok=True)
         removed.append(path.name)
     return removed
 

@@ -36,19 +36,29 @@ def check_output_dir(path: str | Path, flag: str) -> Path:
     """A directory a command will create or write into: not an existing file, and writable where it will be
     created (its nearest existing ancestor). Creates nothing."""
     path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise SlideDPError(f"{flag} {str(path)!r} exists and is not a directory")
-    _probe_writable(_nearest_existing(path), flag, path)
+    try:
+        if path.exists() and not path.is_dir():
+            raise SlideDPError(f"{flag} {str(path)!r} exists and is not a directory")
+        _probe_writable(_nearest_existing(path), flag, path)
+    except OSError as exc:  # a parent that cannot be searched makes even exists() fail
+        raise SlideDPError(f"{flag} {str(path)!r}: {exc.strerror}") from None
     return path
 
 
 def check_output_file(path: str | Path, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
     """A file a command will write (replacing any earlier one): not a directory, with one of ``suffixes`` when
-    given, in a directory that exists or can be created and is writable. Creates nothing."""
+    given, in a directory that exists or can be created and is writable, and writable itself if it exists.
+    Creates nothing."""
     path = Path(path)
     if suffixes and path.suffix not in suffixes:
         raise SlideDPError(f"{flag} {str(path)!r}: use a {' or '.join(suffixes)} suffix")
-    if path.is_dir():
-        raise SlideDPError(f"{flag} {str(path)!r} is a directory, not a file")
-    _probe_writable(_nearest_existing(path.parent), flag, path)
+    try:
+        if path.is_dir():
+            raise SlideDPError(f"{flag} {str(path)!r} is a directory, not a file")
+        _probe_writable(_nearest_existing(path.parent), flag, path)
+        if path.exists():
+            with open(path, "ab"):  # opening to append changes nothing; a read-only file fails here
+                pass
+    except OSError as exc:
+        raise SlideDPError(f"{flag} {str(path)!r}: {exc.strerror}") from None
     return path

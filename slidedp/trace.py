@@ -82,7 +82,8 @@ def save_trace(df: pd.DataFrame, path: str | Path) -> None:
     elif path.suffix == ".csv":
         df.to_csv(path, index=False)
     else:
-        raise SlideDPError(f"trace file {str(path)!r}: use a .json (Perfetto), .csv or .parquet suffix")
+        raise SlideDPError(f"trace file {str(path)!r}: use a {' or '.join(TRACE_SUFFIXES)} suffix (.json opens in "
+                           f"Perfetto)")
 
 
 def to_chrome_trace(df: pd.DataFrame) -> dict:

@@ -18,7 +18,8 @@ from slidedp.errors import SlideDPError
 from slidedp.state_choice import AUTO, state_arg, state_options
 
 REQUIRED = ("model", "data", "steps", "out")
-NOT_SETTINGS = ("config", "argv", "func", "command")
+# Not saved in <out>/config.yaml: --overwrite would make `train --config <out>/config.yaml` delete a run unasked.
+NOT_SETTINGS = ("config", "argv", "func", "command", "overwrite")
 AUTO_BATCH_PER_RANK = 8  # --policy auto without --batch: sequences per rank the tuner plans for
 
 

@@ -44,8 +44,8 @@ def write_run_dir(path: str | Path, trace: pd.DataFrame, exposure: pd.DataFrame,
     except OSError as exc:
         raise SlideDPError(f"cannot create run directory {str(path)!r}: {exc.strerror}") from None
     save_trace(trace, path / "trace.parquet")
-    exposure.to_csv(path / "exposure.csv", index=False)
-    summary.save(path / "summary.json")
+    exposure.to_csv(path / EXPOSURE_FILE, index=False)
+    summary.save(path / SUMMARY_FILE)
     if policy is not None:
         policy.save(path / "policy.yaml")
     if hardware is not None:
@@ -76,6 +76,19 @@ def load_run(path: str | Path) -> RunDir:
     else:
         exposure = exposure_from_trace(trace, step)
     return RunDir(path, trace, exposure, summary)
+
+
+TRACE_FILES = ("trace.parquet", "trace.csv", "trace.json")
+EXPOSURE_FILE = "exposure.csv"
+SUMMARY_FILE = "summary.json"
+
+
+def measurement_files(path: Path) -> list[Path]:
+    """The files of ``path`` that one run's step writes (traces, rank traces, exposure, summary), those that
+    exist: what a new run in the same directory must not leave mixed with its own. The policy and hardware
+    files are left out: a user may keep the policy a run reads there."""
+    named = [path / n for n in (*TRACE_FILES, EXPOSURE_FILE, SUMMARY_FILE)]
+    return [p for p in named if p.is_file()] + rank_traces(path)
 
 
 def rank_traces(path: Path) -> list[Path]:

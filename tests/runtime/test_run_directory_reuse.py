@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from slidedp.cli import main
 from slidedp.runtime import checkpoint_files
@@ -30,11 +31,24 @@ def test_an_earlier_run_is_refused_then_overwritten_only_when_asked(tmp_path, ca
     assert _train(tmp_path, out, "--steps", "1") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds an earlier run" in err[0] and "--resume" in err[0] and "--overwrite" in err[0]
+    metrics_only = tmp_path / "killed-before-its-first-save"
+    metrics_only.mkdir()
+    (metrics_only / "metrics.csv").write_text("step,loss\n")
+    assert _train(tmp_path, metrics_only, "--steps", "1") == 2
+    err = capsys.readouterr().err
+    assert "holds an earlier run (metrics.csv)" in err and "--resume" not in err
     assert len(pd.read_csv(out / "metrics.csv")) == 3  # untouched
 
+    (out / "trace_rank3.parquet").write_bytes(b"a rank of a wider earlier run")
+    for mine in ("checkpoint.md", "checkpoint-step50-good"):  # the user's, named alike: not the run's
+        (out / mine).write_text("mine")
+    assert _train(tmp_path, out, "--steps", "1", "--resume", str(out / "checkpoint"), "--overwrite") == 2
     assert _train(tmp_path, out, "--steps", "1", "--overwrite") == 0
     assert len(pd.read_csv(out / "metrics.csv")) == 1
-    assert not list(out.glob("checkpoint-step*"))
+    assert not [p for p in out.glob("checkpoint-step*") if p.name != "checkpoint-step50-good"]
+    assert not (out / "trace_rank3.parquet").exists()
+    assert (out / "checkpoint.md").read_text() == (out / "checkpoint-step50-good").read_text() == "mine"
+    assert "overwrite" not in (out / "config.yaml").read_text()  # `train --config` of it must not delete unasked
     meta = json.loads((out / "checkpoint" / checkpoint_files.META_FILE).read_text())
     assert meta["data_step"] == 1
     assert (out / "notes.txt").read_text() == "mine"
@@ -61,3 +75,29 @@ def test_keep_with_no_checkpoint_written_is_refused(tmp_path, capsys):
     assert _train(tmp_path, tmp_path / "a", "--steps", "1", "--no-checkpoint", "--keep", "3") == 2
     assert "writes none" in capsys.readouterr().err
     assert _train(tmp_path, tmp_path / "b", "--steps", "2", "--no-checkpoint", "--save-every", "1", "--keep", "2") == 0
+
+
+def test_a_host_of_a_multi_host_run_is_not_refused_for_the_other_hosts_locks(tmp_path):
+    """Over several hosts each launcher locks the shared run directory for its node (RunLock): a launcher that
+    validates while another host's launcher holds its own lock must go on."""
+    from slidedp.cli import build_parser
+    from slidedp.commands.train_args import build_train_spec
+    from slidedp.errors import SlideDPError
+    from slidedp.runtime.lifetime import RunLock
+    from slidedp.runtime.trainer import Trainer
+
+    (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
+    (tmp_path / "d.txt").write_text("some text to train on " * 200)
+    out = tmp_path / "shared-run"
+    base = ["train", "--model", str(tmp_path / "tiny.json"), "--data", str(tmp_path / "d.txt"), "--seq", "32",
+            "--device", "cpu", "--log", "none", "--steps", "1", "--out", str(out)]
+    other_host = RunLock(out, node=1)
+    try:
+        two_hosts = build_parser().parse_args([*base, "--nnodes", "2", "--node-rank", "0",
+                                               "--rdzv-endpoint", "127.0.0.1:1"])
+        Trainer(build_train_spec(two_hosts, log=lambda _m: None), log=lambda _m: None)  # validates, no refusal
+        one_host = build_parser().parse_args(base)
+        with pytest.raises(SlideDPError, match="in use by another slidedp run"):
+            Trainer(build_train_spec(one_host, log=lambda _m: None), log=lambda _m: None)
+    finally:
+        other_host.release()
