@@ -81,7 +81,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         print(json.dumps({**summary.to_dict(), **extra, **({"peers": peers} if peers is not None else {})},
                          indent=2))
     else:
-        _print_tables(summary, result, est)
+        _print_tables(summary, result, est, w.hosts)
         _print_state(w, est, choice)
         if peers is not None:
             _print_peer_host_needs(peers, w, budget)
@@ -221,9 +221,10 @@ def run_peer_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_tables(s: RunSummary, result, est) -> None:
+def _print_tables(s: RunSummary, result, est, hosts: int = 1) -> None:
     console = Console()
-    console.print(f"[bold]{s.model}[/] on [bold]{s.hardware}[/] ({s.gpus} GPU) - seq {s.seq}, "
+    where = f"{s.gpus} GPU{'s' if s.gpus > 1 else ''}" + (f" on each of {hosts} hosts" if hosts > 1 else "")
+    console.print(f"[bold]{s.model}[/] on [bold]{s.hardware}[/] ({where}) - seq {s.seq}, "
                   f"batch {s.batch} ({s.tokens_per_step:,} tokens/step)")
     p = s.policy
     console.print(f"policy: params {p['param_route']}, grads {p['grad_route']}, {p['chunks_per_layer']} chunks/layer, "

@@ -203,3 +203,10 @@ def test_json_carries_the_state_choice_and_the_peers_the_tables_show(capsys):
     assert all(row["host_gib"] >= 0 and isinstance(row["fits"], bool) for row in got["peers"])
     _, table, _ = run(capsys, *ARGS, "--state", "auto", "--peers")
     assert all(name in table for name in systems)  # every system's name printed whole
+
+
+def test_the_header_names_the_hosts(capsys):
+    code, out, err = run(capsys, "simulate", "--model", "qwen3-0.6b", "--hardware", "h100-sxm-x8-ib", "--hosts", "2",
+                         "--batch", "16")
+    assert code == 0, err
+    assert "(8 GPUs on each of 2 hosts)" in out.splitlines()[0]
