@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from slidedp.config_io import quote, read_mapping
 from slidedp.errors import SlideDPError
-from slidedp.model_spec import ModelSpec
+from slidedp.model_spec import ModelSpec, config_json_path
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -59,11 +58,7 @@ def load_hf_config(source: str, attn_implementation: str = "sdpa"):
     if source.lower() in MODEL_PRESETS:
         data = dict(MODEL_PRESETS[source.lower()])
     else:
-        path = Path(source)
-        if path.is_dir():
-            path = path / "config.json"
-            if not path.is_file():
-                raise SlideDPError(f"model directory {source!r} has no config.json")
+        path = config_json_path(source)
         if not path.is_file():
             raise SlideDPError(f"model {source!r}: not a preset nor a directory/config.json that exists")
         try:

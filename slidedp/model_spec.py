@@ -320,6 +320,17 @@ def _transformers_defaults(cfg: dict) -> dict:
     return {k: v for k in missing if isinstance(v := getattr(hf, k, None), int) and not isinstance(v, bool)}
 
 
+def config_json_path(name_or_path: str) -> Path:
+    """The config.json a model argument that is not a preset names: the file itself, or a directory's
+    config.json (a directory without one is refused here; a path that does not exist is left to the caller)."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise SlideDPError(f"model directory {name_or_path!r} has no config.json")
+    return path
+
+
 def load_model_spec(name_or_path: str) -> ModelSpec:
     """A preset name (e.g. ``qwen3-14b``), a config.json path, or a directory holding config.json."""
     from slidedp.presets.models import MODEL_PRESETS
@@ -327,11 +338,7 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
     key = name_or_path.lower()
     if key in MODEL_PRESETS:
         return ModelSpec.from_hf_config(MODEL_PRESETS[key], name=key)
-    path = Path(name_or_path)
-    if path.is_dir():
-        path = path / "config.json"
-        if not path.exists():
-            raise SlideDPError(f"model directory {name_or_path!r} has no config.json")
+    path = config_json_path(name_or_path)
     if not path.exists():
         known = ", ".join(sorted(MODEL_PRESETS))
         raise SlideDPError(f"unknown model {name_or_path!r}: not a preset ({known}) nor an existing config.json")

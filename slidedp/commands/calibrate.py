@@ -49,9 +49,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
         load_model_spec(model)
     if args.from_run:
         records = load_records(args.from_run)
-        if any(r.measured_on_cpu for r in records):
-            Console(stderr=True).print(f"slidedp: warning: {cpu_runs_warning(records, base.name)}; the refit "
-                                       "describes this CPU as the device", highlight=False, soft_wrap=True)
+        warning = cpu_runs_warning(records, base.name)
+        if warning:
+            Console(stderr=True).print(f"slidedp: warning: {warning}; the refit describes this CPU as the device",
+                                       highlight=False, soft_wrap=True)
         before = validate(records, base)
         profile, report = refit_profile(base, records)
         after = validate(records, profile)

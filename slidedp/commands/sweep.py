@@ -68,8 +68,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     table.to_parquet(out, index=False) if out.suffix == ".parquet" else table.to_csv(out, index=False)
     console = Console()
     console.print(f"{len(table)} point{'s' if len(table) != 1 else ''} written to {out}")
-    dropped = sorted({g * getattr(args, "hosts", 1) for g in gpu_counts} - {
-        g * getattr(args, "hosts", 1) for g in table.gpus.unique()}) if len(table) else []
+    hosts = getattr(args, "hosts", 1)  # the table's GPU counts are per host, as gpu_counts are
+    dropped = [g * hosts for g in sorted(set(gpu_counts) - set(table.gpus))] if len(table) else []
     if dropped:
         console.print(f"left out: {', '.join(map(str, dropped))} GPU(s), which no batch of {args.batches} divides",
                       highlight=False)

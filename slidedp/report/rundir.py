@@ -61,18 +61,18 @@ def load_run(path: str | Path) -> RunDir:
         return RunDir(path, trace, exposure_from_trace(trace), RunSummary())
     if not path.is_dir():
         raise SlideDPError(f"no run directory or trace file at {str(path)!r}")
-    traces = [p for p in (path / "trace.parquet", path / "trace.csv", path / "trace.json") if p.exists()]
+    traces = [path / name for name in TRACE_FILES if (path / name).exists()]
     if not traces:
         raise SlideDPError(f"run directory {str(path)!r} holds no trace.parquet, trace.csv or trace.json")
     trace = load_trace(traces[0])
-    summary = RunSummary.load(path / "summary.json") if (path / "summary.json").exists() else RunSummary()
+    summary = RunSummary.load(path / SUMMARY_FILE) if (path / SUMMARY_FILE).exists() else RunSummary()
     step = summary.step_time_s
     per_rank = rank_traces(path)
     if len(per_rank) > 1:  # every rank's last step; exposure.csv holds rank 0's row only
         trace = pd.concat([load_trace(p) for p in per_rank], ignore_index=True)
         exposure = exposure_from_trace(trace, step)
-    elif (path / "exposure.csv").exists():
-        exposure = pd.read_csv(path / "exposure.csv")
+    elif (path / EXPOSURE_FILE).exists():
+        exposure = pd.read_csv(path / EXPOSURE_FILE)
     else:
         exposure = exposure_from_trace(trace, step)
     return RunDir(path, trace, exposure, summary)

@@ -175,3 +175,10 @@ def test_report_and_sweep_errors(capsys, argv, message, tmp_path, monkeypatch):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_sweep_names_the_gpu_counts_no_batch_divides(tmp_path, capsys):
+    assert main(["sweep", "--model", "qwen3-0.6b", "--hardware", "h100-sxm-x4", "--seq", "1024", "--batches", "3",
+                 "--analytical", "--out", str(tmp_path / "s.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "left out: 2, 4 GPU(s), which no batch of [3] divides" in out and "2 points written" in out
