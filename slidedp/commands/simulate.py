@@ -221,6 +221,16 @@ def run_peer_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tile_phrase(tile: int, micro_batch_tokens: int) -> str:
+    """How a sequence tile reads: a tile as large as the micro-batch still checkpoints the layer's token-wise
+    parts, but over one tile, and printing the larger number as a tile size misleads."""
+    if not tile:
+        return ""
+    if tile >= micro_batch_tokens:
+        return f" over one sequence tile (the whole micro-batch of {micro_batch_tokens:,} tokens)"
+    return f" over sequence tiles of {tile:,} tokens"
+
+
 def _print_tables(s: RunSummary, result, est, hosts: int = 1) -> None:
     console = Console()
     where = f"{s.gpus} GPU{'s' if s.gpus > 1 else ''}" + (f" on each of {hosts} hosts" if hosts > 1 else "")
@@ -230,7 +240,7 @@ def _print_tables(s: RunSummary, result, est, hosts: int = 1) -> None:
     console.print(f"policy: params {p['param_route']}, grads {p['grad_route']}, {p['chunks_per_layer']} chunks/layer, "
                   f"prefetch {p['prefetch_depth']}, activations {p['activation']}"
                   + (f" (last {p['kept_layers']} layers kept)" if p.get("kept_layers") else "")
-                  + (f" over sequence tiles of {p['seq_tile_tokens']} tokens" if p.get("seq_tile_tokens") else "")
+                  + _tile_phrase(p.get("seq_tile_tokens", 0), p["micro_batch"] * s.seq)
                   + f", micro-batch {p['micro_batch']} x "
                   f"{p['accumulation']}, update {p['update_schedule']}"
                   + (f", optimizer state of the first {p['gpu_state_units']} units on the GPU"

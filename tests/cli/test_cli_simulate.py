@@ -210,3 +210,15 @@ def test_the_header_names_the_hosts(capsys):
                          "--batch", "16")
     assert code == 0, err
     assert "(8 GPUs on each of 2 hosts)" in out.splitlines()[0]
+
+
+@pytest.mark.parametrize("tile, phrase", [
+    (1024, "over sequence tiles of 1,024 tokens"),
+    (8192, "over one sequence tile (the whole micro-batch of 4,096 tokens)"),
+])
+def test_the_policy_line_gives_the_tile_a_layer_runs_over(capsys, tmp_path, tile, phrase):
+    policy = tmp_path / "p.yaml"
+    policy.write_text(f"micro_batch: 2\naccumulation: 1\nseq_tile_tokens: {tile}\n")
+    code, out, err = run(capsys, *ARGS, "--policy", str(policy))
+    assert code == 0, err
+    assert phrase in " ".join(out.split())
