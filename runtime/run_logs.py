@@ -36,27 +36,43 @@ def check_logger(kind: str) -> None:
                            "or use --log tensorboard")
 
 
+def _rows_up_to(path: Path, last_step: int) -> list[list[str]]:
+    """The rows of an earlier metrics.csv whose step is at most ``last_step``, in the current column order
+    (a column the earlier file lacks is left empty)."""
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    return [[row.get(c) or "" for c in COLUMNS] for row in rows
+            if (row.get("step") or "").isdigit() and int(row["step"]) <= last_step]
+
+
 def perplexity(loss: float) -> float:
     return math.exp(loss) if loss < 700 else float("inf")
 
 
 class RunLog:
-    def __init__(self, out: Path, kind: str, append: bool, config: dict | None = None, active: bool = True,
-                 log=print):
+    """``resume_step``: the optimizer step a resumed run starts after (None for a fresh run). The earlier
+    history up to that step is kept; rows and TensorBoard events past it came from work the checkpoint does
+    not hold (a run killed after its last save, or a resume from an older checkpoint) and are dropped, so that
+    no step has two values in a log."""
+
+    def __init__(self, out: Path, kind: str, resume_step: int | None, config: dict | None = None,
+                 active: bool = True, log=print):
         self.active = active
         self._csv = self._tb = self._wandb = None
         if not active:
             return
         path = out / METRICS_FILE
-        fresh = not (append and path.exists())
-        self._fh = open(path, "w" if fresh else "a", newline="")  # noqa: SIM115 - closed in close()
+        kept = _rows_up_to(path, resume_step) if resume_step is not None and path.exists() else []
+        self._fh = open(path, "w", newline="")  # noqa: SIM115 - closed in close()
         self._csv = csv.writer(self._fh)
-        if fresh:
-            self._csv.writerow(COLUMNS)
+        self._csv.writerow(COLUMNS)
+        self._csv.writerows(kept)
+        self._fh.flush()
         if kind == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(out / TB_DIR))
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(log_dir=str(out / TB_DIR), purge_step=purge)
         elif kind == "wandb":
             import wandb
 

@@ -363,8 +363,8 @@ class Trainer:
             import yaml
 
             (s.out / "config.yaml").write_text(yaml.safe_dump(s.run_config, sort_keys=False))
-        runlog = RunLog(s.out, s.log, append=bool(s.resume), config=s.run_config, active=world.rank == 0,
-                        log=self.log)
+        runlog = RunLog(s.out, s.log, resume_step=start_step if s.resume else None, config=s.run_config,
+                        active=world.rank == 0, log=self.log)
         try:
             times, last, evals = self._loop(engine, host, device, start_step, runlog, groups)
             if s.export_hf and world.rank == 0:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 from slidedp.arg_types import non_negative_int, positive_float, positive_int
 from slidedp.errors import SlideDPError
+from slidedp.runtime.shared_dir import LAUNCHER_PID_ENV
 from slidedp.state_choice import state_arg
 
 
@@ -185,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"slidedp: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("slidedp: interrupted", file=sys.stderr)
+        if LAUNCHER_PID_ENV not in os.environ:  # a rank: its launcher says it once for every rank
+            print("slidedp: interrupted", file=sys.stderr)
         return 130
 
 

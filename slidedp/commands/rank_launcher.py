@@ -1,9 +1,10 @@
 """torchrun as `slidedp train --nproc N` runs it: the same program, without the Python traceback torchrun ends
-with when a rank fails.
+with when a rank fails or a signal stops it.
 
 The launcher (slidedp.commands.train.launch_ranks) reports a failed rank itself, in one line with the rank's
 own exit code and reason where the rank recorded one (the exit file); torchrun's ChildFailedError traceback
-on top of that would bury that line. Everything else, including its exit code (1 for a failed rank), is
+on top of that would bury that line; so would the SignalException traceback torchrun ends with when the launcher
+forwards a Ctrl-C or a kill to it. Everything else, including its exit code (1 for a failed rank), is
 torchrun's.
 
     python -m slidedp.commands.rank_launcher <torchrun arguments>
@@ -15,6 +16,7 @@ import sys
 
 
 def main() -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
@@ -22,6 +24,8 @@ def main() -> int:
         torchrun()  # reads sys.argv[1:], as `torchrun` does
     except ChildFailedError:
         return 1
+    except SignalException as exc:  # Ctrl-C or a kill forwarded by the launcher, which reports it in one line
+        return 128 + int(exc.sigval)
     return 0
 
 

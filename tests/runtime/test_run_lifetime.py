@@ -152,6 +152,8 @@ def test_a_signal_to_the_launcher_stops_every_rank_and_leaves_no_state(tmp_path,
     _, err = proc.communicate(timeout=60)
     # torchrun logs its own shutdown above; the launcher's one line closes the output
     assert proc.returncode == 130 and err.strip().splitlines()[-1].startswith("slidedp: interrupted")
+    # and no Python traceback under it (torchrun's SignalException), nor a line of each rank's saying the same
+    assert "Traceback" not in err and err.count("slidedp: interrupted") == 1, err
     time.sleep(0.5)
     assert not _ranks_of(proc.pid) and not state_dir(run_id).exists()
 
