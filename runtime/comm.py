@@ -21,7 +21,8 @@ import torch.distributed as dist
 class Comm:
     rank: int = 0
     world: int = 1
-    # Whether the backend has reduce_scatter_tensor: unknown until the first call tries it.
+    # Whether the backend has reduce_scatter_single (reduce_scatter_tensor before torch 2.13): unknown until
+    # the first call tries it.
     native_reduce_scatter: bool | None = field(default=None, compare=False)
     host_staged: bool = False  # GPU tensors go through host copies (gloo between ranks sharing a GPU)
     group: object | None = field(default=None, compare=False)  # None: the default group (every rank)
@@ -66,7 +67,8 @@ class Comm:
             return out.copy_(h_out)
         if self.native_reduce_scatter is not False:
             try:
-                dist.reduce_scatter_tensor(out, inp, group=self.group)
+                scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # torch 2.13
+                scatter(out, inp, group=self.group)
                 self.native_reduce_scatter = True
                 return out
             except (RuntimeError, NotImplementedError):
