@@ -237,8 +237,12 @@ def build_train_spec(args: argparse.Namespace, log=print):
     optim = OptimConfig(lr=pick("lr", "lr"), weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm or None,
                         warmup_steps=pick("warmup", "warmup_steps"), total_steps=total,
                         min_lr_ratio=pick("min_lr_ratio", "min_lr_ratio"))
-    args.lr, args.warmup, args.min_lr_ratio, args.total_steps = (optim.lr, optim.warmup_steps, optim.min_lr_ratio,
-                                                                  optim.total_steps)  # config.yaml: as resolved
+    # config.yaml: as resolved, except a schedule length the user left out: that follows --steps (or the
+    # checkpoint's) when the file is run again with other --steps, as it did here.
+    args.lr, args.warmup, args.min_lr_ratio = optim.lr, optim.warmup_steps, optim.min_lr_ratio
+    if not args.resume and optim.total_steps < args.steps:
+        log(f"note: the learning-rate schedule ends at step {optim.total_steps} (--total-steps); steps "
+            f"{optim.total_steps + 1}-{args.steps} run at its floor, lr {optim.lr * optim.min_lr_ratio:.3g}")
     check_hosts_args(args)
     world = int(os.environ.get("WORLD_SIZE", args.nproc * args.nnodes))
     if world != args.nproc * args.nnodes:

@@ -112,10 +112,20 @@ def test_run_config_file_flags_override_and_resolved_copy(files, capsys):
     import yaml
 
     saved = yaml.safe_load(resolved)
-    assert saved["steps"] == 1 and saved["lr"] == 0.001 and saved["packing"] is False and saved["total_steps"] == 1
+    assert saved["steps"] == 1 and saved["lr"] == 0.001 and saved["packing"] is False
+    assert saved["total_steps"] is None  # left out: a rerun with other --steps has its schedule follow them
     assert len(pd.read_csv(files / "cfgrun" / "metrics.csv")) == 1
     # The resolved copy is itself a run config.
-    assert main(["train", "--config", str(files / "cfgrun" / "config.yaml"), "--out", str(files / "again")]) == 0
+    capsys.readouterr()
+    assert main(["train", "--config", str(files / "cfgrun" / "config.yaml"), "--out", str(files / "again"),
+                 "--steps", "3", "--warmup", "0"]) == 0
+    lrs = pd.read_csv(files / "again" / "metrics.csv").lr.tolist()
+    assert lrs[0] > lrs[1] > lrs[2]  # a 3-step schedule, not the first run's 1 step and its floor after
+    assert "schedule ends" not in capsys.readouterr().err
+    assert main(["train", "--config", str(files / "cfgrun" / "config.yaml"), "--out", str(files / "short"),
+                 "--steps", "3", "--total-steps", "1", "--warmup", "0"]) == 0
+    assert "the learning-rate schedule ends at step 1 (--total-steps); steps 2-3 run at its floor" in \
+        " ".join(capsys.readouterr().err.split())
     cfg.write_text("steps: many\n")
     assert main(["train", "--config", str(cfg)]) == 2
     assert "--steps: expected a positive integer" in capsys.readouterr().err
