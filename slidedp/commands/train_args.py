@@ -132,9 +132,23 @@ def resolve_settings(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+# Settings that name files: config.yaml holds them absolute, so that the file reruns from any directory. The
+# outputs always; the inputs where the name is a local path (a model or hardware preset, or a data set name,
+# stays a name).
+OUTPUT_PATH_SETTINGS = ("out", "cache_dir", "export_hf")
+INPUT_PATH_SETTINGS = ("model", "data", "tokenizer", "eval_data", "policy", "resume", "hardware")
+
+
 def settings(args: argparse.Namespace) -> dict:
     """The resolved settings, by name: what <out>/config.yaml holds."""
-    return {k: v for k, v in vars(args).items() if k not in NOT_SETTINGS}
+    def resolved(key: str, value):
+        if not isinstance(value, str) or not value or os.path.isabs(value):
+            return value
+        if key in OUTPUT_PATH_SETTINGS or (key in INPUT_PATH_SETTINGS and os.path.exists(value)):
+            return os.path.abspath(value)
+        return value
+
+    return {k: resolved(k, v) for k, v in vars(args).items() if k not in NOT_SETTINGS}
 
 
 def _explicit_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:

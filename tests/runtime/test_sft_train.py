@@ -136,6 +136,23 @@ def test_run_config_file_flags_override_and_resolved_copy(files, capsys):
     assert "missing --model, --data, --out" in capsys.readouterr().err
 
 
+def test_the_resolved_config_reruns_from_another_directory(files, monkeypatch, tmp_path):
+    """Relative paths given in one directory are written absolute; preset names stay names."""
+    import yaml
+
+    monkeypatch.chdir(files)
+    assert main(["train", "--model", "tiny.json", "--data", "chat.jsonl", "--tokenizer", "tok", "--seq", "96",
+                 "--batch", "2", "--steps", "1", "--out", "rel", "--log", "none", "--no-checkpoint"]) == 0
+    saved = yaml.safe_load((files / "rel" / "config.yaml").read_text())
+    assert saved["model"] == str(files / "tiny.json") and saved["data"] == str(files / "chat.jsonl")
+    assert saved["out"] == str(files / "rel") and saved["hardware"] == "h200-x1"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["train", "--config", str(files / "rel" / "config.yaml"), "--out", "again"]) == 0
+    assert (elsewhere / "again" / "metrics.csv").exists()
+
+
 @pytest.mark.parametrize("name", ["pretrain_text.yaml", "chat_sft.yaml"])
 def test_shipped_example_configs_parse(name):
     from slidedp.commands.train_args import resolve_settings
