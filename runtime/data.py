@@ -14,7 +14,7 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -88,6 +88,7 @@ class LoadedData:
     notes: list[str]  # what happened to the data, for the log
     cache_file: Path | None = None
     cached: bool = False
+    key: str | None = None  # what the rows were made from (files, eval split, tokenizer, seq, seed); None: synthetic
 
 
 def load_data(spec: DataSpec, vocab_size: int, seq: int, per_step: int, seed: int,
@@ -105,7 +106,7 @@ def load_data(spec: DataSpec, vocab_size: int, seq: int, per_step: int, seed: in
     if cache_file is not None and cache_file.is_file():
         loaded = _read_cache(cache_file, per_step, seed)
         if loaded is not None:
-            return loaded
+            return replace(loaded, key=key)
     fields = FieldMap.parse(spec.fields)
     fmt, train, notes = _rows(source, spec, fields, tok, seq, seed)
     evaluation = None
@@ -116,7 +117,7 @@ def load_data(spec: DataSpec, vocab_size: int, seq: int, per_step: int, seed: in
         train, evaluation = _split(train, spec.eval_fraction, seed)
         notes.append(f"eval: {len(evaluation)} of {len(train) + len(evaluation)} rows held out "
                      f"(--eval-fraction {spec.eval_fraction:g})")
-    result = LoadedData(PackedData(train, per_step, seed), evaluation, fmt, notes, cache_file)
+    result = LoadedData(PackedData(train, per_step, seed), evaluation, fmt, notes, cache_file, key=key)
     if cache_file is not None:
         _write_cache(cache_file, result)
     return result

@@ -256,6 +256,10 @@ class Trainer:
             raise SlideDPError("--eval-every needs eval data: --eval-data or --eval-fraction")
         for note in self.loaded.notes:
             self.log(f"data: {note}")
+        saved_data = (self.resume_meta or {}).get("data_key")
+        if saved_data and self.loaded.key and saved_data != self.loaded.key:
+            self.log(f"resume: the data differs from the checkpoint's run (its files, eval split, tokenizer, seq or "
+                     f"seed); steps from {self.start_step + 1} on draw rows of this data")
         self.varlen_kernel = self._varlen_kernel(torch.device(device))
         if self.varlen_kernel is not None:  # attention stays inside the examples: priced by their lengths
             self.attention_span = attention_span(example_lengths(self.data.rows.segments))
@@ -288,10 +292,10 @@ class Trainer:
                 {k: v for k, v in self.model_spec.to_dict().items() if k != "name"}:
             raise SlideDPError(f"--resume {s.resume!r} holds another model ({saved_spec.get('name')}: "
                                f"{saved_spec.get('layers')} layers, hidden {saved_spec.get('hidden')}); refusing")
-        now = {"world": s.world, "seq": s.seq, "batch": self.per_step, "policy": s.policy.to_dict()}
-        for key, value in now.items():
-            if key in meta and meta[key] != value:
-                self.log(f"resume: {key} differs from the checkpoint's run ({meta[key]!r:.60} then, {value!r:.60} now)")
+        now = {"world": s.world, "seq": s.seq, "batch": self.per_step, "policy": s.policy.to_dict(),
+               "schedule": schedule_dict(s.optim)}
+        for line in resume_differences(meta, now):
+            self.log(f"resume: {line}")
         return meta
 
     def _share_table(self, adapter: ModelAdapter, local_rank: int = 0) -> ChunkTable:
@@ -585,7 +589,7 @@ class Trainer:
             host.save(self._checkpoint_dir(latest), {
                 "data_step": data_step, "policy": s.policy.to_dict(), "world": groups.world.world, "seq": s.seq,
                 "batch": self.per_step, "model_spec": self.model_spec.to_dict(), "schedule": schedule_dict(s.optim),
-                "rounding_seed": engine.config.rounding_seed, **hosts})
+                "rounding_seed": engine.config.rounding_seed, "data_key": self.loaded.key, **hosts})
             _prune(s.out, s.keep - 1)
         groups.world.barrier()
 
@@ -628,6 +632,23 @@ class Trainer:
 def _device_label(resource: str, device: Device) -> str:
     """Trace resources keep the schema's names (gpu[g]) on any device; a CPU run's report says cpu."""
     return resource if device.is_cuda or not resource.startswith("gpu[") else "compute on cpu"
+
+
+def resume_differences(then: dict, now: dict) -> list[str]:
+    """What differs between a checkpoint's run (its meta.json) and this one, a line per setting: a dict-valued
+    setting (the policy, the schedule) by its fields that differ, so the change is never cut off."""
+    lines = []
+    for key, value in now.items():
+        if key not in then or then[key] == value:
+            continue
+        if isinstance(value, dict) and isinstance(then[key], dict):
+            fields = sorted(set(value) | set(then[key]))
+            changed = [f"{f} {then[key].get(f)!r} -> {value.get(f)!r}" for f in fields
+                       if then[key].get(f) != value.get(f)]
+            lines.append(f"{key} differs from the checkpoint's run: {', '.join(changed)}")
+        else:
+            lines.append(f"{key} differs from the checkpoint's run: {then[key]!r} then, {value!r} now")
+    return lines
 
 
 def schedule_dict(optim: OptimConfig) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -119,8 +120,24 @@ def test_a_corrupted_checkpoint_is_one_line_and_exit_2(tmp_path, how, trained_ch
 def test_resume_states_what_differs_from_the_checkpoints_run(tmp_path):
     out = tmp_path / "run"
     assert run_cli_train(tmp_path, out, "--steps", "1", "--batch", "2").returncode == 0
-    again = run_cli_train(tmp_path, tmp_path / "again", "--steps", "1", "--batch", "4", "--resume",
-                          str(out / "checkpoint"))
+    again = run_cli_train(tmp_path, tmp_path / "again", "--steps", "1", "--batch", "4", "--lr", "0.002",
+                          "--seed", "7", "--resume", str(out / "checkpoint"))
     assert again.returncode == 0, again.stderr[-1500:]
-    assert "resume: batch differs from the checkpoint's run (2 then, 4 now)" in again.stderr
+    err = " ".join(again.stderr.split())
+    assert "resume: batch differs from the checkpoint's run: 2 then, 4 now" in err
+    # a dict-valued setting by the fields that differ, whole; the schedule and the data too
+    policy = next(line for line in again.stderr.splitlines() if line.startswith("resume: policy"))
+    assert policy.endswith("accumulation 2 -> 4") or "micro_batch 2 -> 4" in policy, policy
+    assert re.search(r"resume: schedule differs from the checkpoint.s run: lr \S+ -> 0.002", err)
+    assert "resume: the data differs from the checkpoint's run" in err
     assert os.path.isdir(tmp_path / "again" / "checkpoint")
+
+
+def test_resume_differences_name_each_changed_field_whole():
+    from slidedp.runtime.trainer import resume_differences
+
+    then = {"seq": 32, "policy": {"micro_batch": 2, "accumulation": 2, "param_route": "sharded" * 20}}
+    now = {"seq": 32, "policy": {"micro_batch": 2, "accumulation": 4, "param_route": "sharded" * 20},
+           "schedule": {"lr": 1.0}}  # a setting an older checkpoint lacks is not a difference
+    assert resume_differences(then, now) == ["policy differs from the checkpoint's run: accumulation 2 -> 4"]
+    assert resume_differences(then, then) == []
