@@ -59,6 +59,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 CHECKPOINT = "checkpoint"  # the latest checkpoint; older kept ones are checkpoint-step<N> beside it (--keep)
+# Where a resume from an earlier checkpoint of the same run directory moves that run's later checkpoints:
+# <out>/superseded-after-step<N>[-K]/ (see set_aside_later_checkpoints).
+SUPERSEDED = "superseded-after-step"
 DATA_CACHE = "data_cache"
 
 
@@ -363,6 +366,11 @@ class Trainer:
         if comm.rank == 0 and not s.overwrite:  # a save of this host's checkpoint (share) that a kill interrupted
             for line in checkpoint_files.recover(self._checkpoint_dir(s.out / CHECKPOINT)):
                 self.log(f"checkpoint: {line}")
+        if world.rank == 0 and s.resume and s.hosts == 1:
+            moved = set_aside_later_checkpoints(s.out, start_step)
+            if moved is not None:
+                self.log(f"resume: from step {start_step}; the earlier run's checkpoints past it are moved, whole, "
+                         f"to {moved}")
         if world.rank == 0 and s.run_config is not None:
             import yaml
 
@@ -672,6 +680,7 @@ def earlier_run(out: Path) -> list[Path]:
     latest = out / CHECKPOINT
     found = [latest] if latest.exists() or latest.is_symlink() else []
     found += [p for _, p in _kept(out)] + checkpoint_files.save_leftovers(latest)
+    found += sorted(p for p in out.glob(SUPERSEDED + "*") if p.is_dir())
     found += [p for p in (out / METRICS_FILE, out / TB_DIR) if p.exists() or p.is_symlink()]
     return found + measurement_files(out)
 
@@ -697,17 +706,44 @@ def _kept(out: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def _checkpoint_step(directory: Path) -> int | None:
+    """The data step a one-host checkpoint directory was saved at (its meta.json); None where unreadable."""
+    import json
+
+    try:
+        return int(json.loads((directory / checkpoint_files.META_FILE).read_text())["data_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def set_aside_later_checkpoints(out: Path, start_step: int) -> Path | None:
+    """A resume from an earlier checkpoint starts a second history in ``out`` at ``start_step``: the first
+    history's checkpoints past that step (kept ones and the latest) would otherwise be mixed with the new
+    run's, pruned by --keep in place of the checkpoint resumed from, or kept under a step name the new run
+    writes again. They are moved, whole and untouched, into <out>/superseded-after-step<N>/; what directory
+    that is, or None when there were none."""
+    later = [p for step, p in _kept(out) if step > start_step]
+    latest = out / CHECKPOINT
+    step = _checkpoint_step(latest)
+    if step is not None and step > start_step:
+        later.append(latest)
+    if not later:
+        return None
+    dest, n = out / f"{SUPERSEDED}{start_step}", 1
+    while dest.exists():
+        n += 1
+        dest = out / f"{SUPERSEDED}{start_step}-{n}"
+    dest.mkdir(mode=0o700)
+    for p in later:
+        p.rename(dest / p.name)
+    return dest
+
+
 def _keep_aside(latest: Path, new_step: int) -> None:
     """Before the latest checkpoint is replaced: hard-link its files into checkpoint-step<N> (no copy of the
     bytes; the atomic replace then removes only the old names)."""
-    import json
-
-    meta = latest / checkpoint_files.META_FILE
-    if not meta.is_file():
-        return
-    try:
-        step = int(json.loads(meta.read_text())["data_step"])
-    except (ValueError, KeyError, TypeError):
+    step = _checkpoint_step(latest)
+    if step is None:
         return
     aside = latest.with_name(f"{CHECKPOINT}-step{step}")
     if aside.exists() or step == new_step:

@@ -101,3 +101,31 @@ def test_a_host_of_a_multi_host_run_is_not_refused_for_the_other_hosts_locks(tmp
             Trainer(build_train_spec(one_host, log=lambda _m: None), log=lambda _m: None)
     finally:
         other_host.release()
+
+
+def test_a_resume_from_an_earlier_checkpoint_sets_the_later_ones_aside(tmp_path, capsys):
+    """Resumed from checkpoint-step2 of a run that went on to step 6: the step-4 and step-6 checkpoints of that
+    run are moved aside whole, so --keep prunes and names only this run's checkpoints and keeps the one it
+    resumed from."""
+    (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
+    (tmp_path / "d.txt").write_text("some text to train on " * 200)
+    out = tmp_path / "run"
+    assert _train(tmp_path, out, "--steps", "6", "--save-every", "2", "--keep", "3") == 0
+    assert sorted(p.name for p in out.glob("checkpoint-step*")) == ["checkpoint-step2", "checkpoint-step4"]
+    first_step4 = (out / "checkpoint-step4" / checkpoint_files.STATE_FILE).read_bytes()
+    capsys.readouterr()
+    assert _train(tmp_path, out, "--steps", "2", "--save-every", "2", "--keep", "3", "--seed", "1",
+                  "--resume", str(out / "checkpoint-step2")) == 0
+    err = "".join(capsys.readouterr().err.split())  # rich wraps a long path anywhere
+    aside = out / "superseded-after-step2"
+    said = f"resume: from step 2; the earlier run's checkpoints past it are moved, whole, to {aside}"
+    assert "".join(said.split()) in err
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoint", "checkpoint-step4"]
+    assert (aside / "checkpoint-step4" / checkpoint_files.STATE_FILE).read_bytes() == first_step4
+    assert json.loads((aside / "checkpoint" / "meta.json").read_text())["data_step"] == 6
+    assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint", "checkpoint-step2"]
+    assert json.loads((out / "checkpoint" / "meta.json").read_text())["data_step"] == 4
+    assert pd.read_csv(out / "metrics.csv").step.tolist() == [1, 2, 3, 4]  # one history in the log too
+    # --overwrite clears the set-aside history with the rest of the earlier run
+    assert _train(tmp_path, out, "--steps", "1", "--overwrite", "--no-checkpoint") == 0
+    assert not aside.exists()
