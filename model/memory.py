@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slidedp.hardware import GIB
+from slidedp.hardware import GIB, gib_text
 from slidedp.model_spec import BF16_BYTES
 from slidedp.workload import StepWorkload
 
@@ -158,11 +158,11 @@ def memory_shortfalls(mem: MemoryEstimate, gpu_budget: float, host_budget: float
     """Human-readable reasons a policy does not fit; empty when it does."""
     problems = []
     if mem.gpu_peak > gpu_budget:
-        problems.append(f"GPU peak {mem.gpu_peak / GIB:.1f} GiB exceeds the budget of {gpu_budget / GIB:.1f} GiB "
+        problems.append(f"GPU peak {gib_text(mem.gpu_peak)} GiB exceeds the budget of {gib_text(gpu_budget)} GiB "
                         f"(weights {mem.gpu_weights / GIB:.1f}, grads {mem.gpu_grads / GIB:.1f}, "
                         f"activations {mem.gpu_activations / GIB:.1f}, loss {mem.gpu_loss / GIB:.1f}, "
                         f"optimizer state {mem.gpu_optimizer / GIB:.1f}, "
                         f"reserve {mem.gpu_reserve / GIB:.1f})")
     if mem.host_total > host_budget:
-        problems.append(f"host memory {mem.host_total / GIB:.1f} GiB exceeds the limit of {host_budget / GIB:.1f} GiB")
+        problems.append(f"host memory {gib_text(mem.host_total)} GiB exceeds the limit of {gib_text(host_budget)} GiB")
     return problems

@@ -91,7 +91,9 @@ def write(directory: Path, tensors: dict, meta: dict, before_meta=None) -> None:
     tmp = directory.with_name(directory.name + f".tmp-{os.getpid()}")
     try:
         tmp.mkdir(parents=True)
+        os.chmod(tmp, 0o700)  # the host state, and the meta beside it, readable by the owner only
         save_file(tensors, str(tmp / STATE_FILE))
+        os.chmod(tmp / STATE_FILE, 0o600)  # not left to the writer's umask
         fsync_path(tmp / STATE_FILE)
         if before_meta is not None:
             before_meta(tmp)

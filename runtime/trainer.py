@@ -436,10 +436,12 @@ class Trainer:
         packed = self.data.rows.segments is not None
         if self.spec.packed_attention != "varlen" or not packed:
             return None
+        # Unpacked rows (--no-packing) hold one example and its padding, which still takes the same attention.
+        rows = "packed rows" if self.spec.data.packing else "rows of one example and padding"
         if not varlen_available(device):
-            self.log(f"packed rows: attention through a block-causal mask (no varlen kernel on {device.type})")
+            self.log(f"{rows}: attention through a block-causal mask (no varlen kernel on {device.type})")
             return None
-        self.log("packed rows: attention through flash's variable-length kernel (--packed-attention mask: the mask)")
+        self.log(f"{rows}: attention through flash's variable-length kernel (--packed-attention mask: the mask)")
         return torch_varlen_kernel()
 
     def _workload(self, policy) -> StepWorkload:

@@ -19,6 +19,14 @@ from slidedp.errors import SlideDPError
 
 GB = 1e9
 GIB = 1024**3
+
+
+def gib_text(n_bytes: float) -> str:
+    """Bytes in GiB for a message: one decimal from 1 GiB up, two significant digits below, so that a small
+    limit (a test's, a typo's) does not read as 0.0."""
+    gib = n_bytes / GIB
+    return f"{gib:.1f}" if abs(gib) >= 1 or gib == 0 else f"{gib:.2g}"
+
 MIN_RATE = 1e-6  # GB/s, TFLOP/s, G params/s, GiB: anything smaller is a typo that would stall the simulator
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slidedp.hardware import GIB
+from slidedp.hardware import GIB, gib_text
 from slidedp.model.memory import LOGITS_BYTES_PER_ELEMENT, activation_bytes, loss_bytes
 from slidedp.peers.step import PEER_WINDOW, ROOT_KINDS, PeerStep
 
@@ -63,12 +63,12 @@ class PeerMemory:
         """Why the step does not fit, one phrase per memory; empty when it does."""
         problems = []
         if self.gpu_peak > gpu_budget:
-            problems.append(f"GPU peak {self.gpu_peak / GIB:.1f} GiB exceeds the budget of {gpu_budget / GIB:.1f} GiB "
+            problems.append(f"GPU peak {gib_text(self.gpu_peak)} GiB exceeds the budget of {gib_text(gpu_budget)} GiB "
                             f"(state {self.gpu_state / GIB:.1f}, end of forward +{self.gpu_forward / GIB:.1f}, "
                             f"end of backward +{self.gpu_backward / GIB:.1f}, reserve {self.gpu_reserve / GIB:.1f})")
         if self.host_total > host_budget:
-            problems.append(f"host memory {self.host_total / GIB:.1f} GiB exceeds the limit of "
-                            f"{host_budget / GIB:.1f} GiB")
+            problems.append(f"host memory {gib_text(self.host_total)} GiB exceeds the limit of "
+                            f"{gib_text(host_budget)} GiB")
         return problems
 
 

@@ -34,6 +34,18 @@ def test_write_then_verify_and_leftovers_are_recovered(tmp_path):
         cf.verify(ckpt, 11)
 
 
+def test_a_checkpoint_is_readable_by_its_owner_only(tmp_path):
+    import stat
+
+    old = os.umask(0o002)  # a permissive umask: the checkpoint must not follow it
+    try:
+        cf.write(tmp_path / "checkpoint", _tensors(), {"data_step": 1, "optimizer_step": 1})
+    finally:
+        os.umask(old)
+    mode = lambda p: stat.S_IMODE(os.stat(p).st_mode)  # noqa: E731
+    assert mode(tmp_path / "checkpoint") == 0o700 and mode(tmp_path / "checkpoint" / cf.STATE_FILE) == 0o600
+
+
 @pytest.mark.parametrize("step", [-1, 10**30])
 def test_a_step_out_of_range_is_refused(tmp_path, step):
     """Found by the fault census: a 30-digit step in meta.json overflowed an int64 later, as a traceback."""

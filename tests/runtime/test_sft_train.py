@@ -268,3 +268,12 @@ def test_policy_auto_passes_the_allowed_states_to_the_tuner(files, monkeypatch, 
         args.argv = fixed
         with pytest.raises(SlideDPError, match="needs --policy auto"):
             build_train_spec(args)
+
+
+def test_unpacked_rows_are_not_called_packed(files, capsys):
+    assert main(["train", "--model", str(files / "tiny.json"), "--data", str(files / "chat.jsonl"), "--tokenizer",
+                 str(files / "tok"), "--seq", "96", "--batch", "2", "--steps", "1", "--out", str(files / "unpacked"),
+                 "--log", "none", "--no-checkpoint", "--no-packing"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "rows of one example and padding: attention through a block-causal mask" in err
+    assert "packed rows" not in err

@@ -195,3 +195,11 @@ def test_a_policy_file_that_gives_both_is_taken_as_written(tmp_path, capsys):
     assert main([*argv, "--policy", str(tmp_path / "part.yaml"), "--json"]) == 0
     policy = json.loads(capsys.readouterr().out)["policy"]
     assert (policy["micro_batch"], policy["accumulation"], policy["gpu_state_units"]) == (1, 8, 2)
+
+
+@pytest.mark.parametrize("n_bytes, text", [(0, "0.0"), (206 * 2**30, "206.0"), (1.25 * 2**30, "1.2"),
+                                           (10_000, "9.3e-06"), (0.25 * 2**30, "0.25")])
+def test_gib_text_never_reads_a_small_limit_as_zero(n_bytes, text):
+    from slidedp.hardware import gib_text
+
+    assert gib_text(n_bytes) == text
