@@ -48,6 +48,8 @@ class FieldMap:
                 key, sep, value = item.partition("=")
                 if not sep or not key.strip() or not value.strip():
                     raise SlideDPError(f"--fields expects name=column pairs separated by commas, got {quote(spec)}")
+                if key.strip() in pairs:
+                    raise SlideDPError(f"--fields names {quote(key.strip())} twice, in {quote(spec)}")
                 pairs[key.strip()] = value.strip()
             spec = pairs
         known = [f.name for f in fields(cls)]

@@ -142,13 +142,16 @@ def _bad(tmp_path, tok_dir, case):
             "has no chat template"
     if case == "bad_fields":
         return write_jsonl(tmp_path / "d.jsonl", pairs(2)), extra + ["--fields", "answer"], "name=column pairs"
+    if case == "twice_named_field":
+        return write_jsonl(tmp_path / "d.jsonl", pairs(2)), extra + ["--fields", "prompt=q,prompt=r"], \
+            "--fields names 'prompt' twice"
     if case == "unknown_columns":
         return write_jsonl(tmp_path / "d.jsonl", [{"q": "a"}]), extra, "cannot tell the data's format"
     raise AssertionError(case)
 
 
 @pytest.mark.parametrize("case", ["missing_field", "unknown_role", "wrong_type", "empty", "not_utf8", "no_template",
-                                  "bad_fields", "unknown_columns"])
+                                  "bad_fields", "twice_named_field", "unknown_columns"])
 def test_bad_data_is_one_line_and_exit_2(tmp_path, tok_dir, capsys, case):
     (tmp_path / "tiny.json").write_text(json.dumps({"model_type": "qwen3", "vocab_size": VOCAB, "hidden_size": 32,
                                                     "intermediate_size": 64, "num_hidden_layers": 2,
