@@ -14,7 +14,7 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -88,7 +88,17 @@ class LoadedData:
     notes: list[str]  # what happened to the data, for the log
     cache_file: Path | None = None
     cached: bool = False
-    key: str | None = None  # what the rows were made from (files, eval split, tokenizer, seq, seed); None: synthetic
+
+
+def rows_digest(rows: Rows, seed: int) -> str:
+    """What a run trains on, by content: its rows' tokens, labels, positions and segments, and the seed that
+    orders them. A checkpoint keeps it, so a resume can say when the data changed; unlike the cache key it
+    does not change when a file is touched, copied or moved, or when a path is spelled another way."""
+    h = hashlib.blake2b(str(seed).encode(), digest_size=12)
+    for t in (rows.input_ids, rows.labels, rows.position_ids, rows.segments):
+        if t is not None:
+            h.update(t.contiguous().numpy())
+    return h.hexdigest()
 
 
 def load_data(spec: DataSpec, vocab_size: int, seq: int, per_step: int, seed: int,
@@ -106,7 +116,7 @@ def load_data(spec: DataSpec, vocab_size: int, seq: int, per_step: int, seed: in
     if cache_file is not None and cache_file.is_file():
         loaded = _read_cache(cache_file, per_step, seed)
         if loaded is not None:
-            return replace(loaded, key=key)
+            return loaded
     fields = FieldMap.parse(spec.fields)
     fmt, train, notes = _rows(source, spec, fields, tok, seq, seed)
     evaluation = None
@@ -117,7 +127,7 @@ def load_data(spec: DataSpec, vocab_size: int, seq: int, per_step: int, seed: in
         train, evaluation = _split(train, spec.eval_fraction, seed)
         notes.append(f"eval: {len(evaluation)} of {len(train) + len(evaluation)} rows held out "
                      f"(--eval-fraction {spec.eval_fraction:g})")
-    result = LoadedData(PackedData(train, per_step, seed), evaluation, fmt, notes, cache_file, key=key)
+    result = LoadedData(PackedData(train, per_step, seed), evaluation, fmt, notes, cache_file)
     if cache_file is not None:
         _write_cache(cache_file, result)
     return result

@@ -36,13 +36,32 @@ def check_logger(kind: str) -> None:
                            "or use --log tensorboard")
 
 
-def _rows_up_to(path: Path, last_step: int) -> list[list[str]]:
-    """The rows of an earlier metrics.csv whose step is at most ``last_step``, in the current column order
-    (a column the earlier file lacks is left empty)."""
+def _rows(path: Path, keep) -> list[list[str]]:
+    """The rows of an earlier metrics.csv whose step passes ``keep``, in the current column order (a column
+    the earlier file lacks is left empty)."""
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
     return [[row.get(c) or "" for c in COLUMNS] for row in rows
-            if (row.get("step") or "").isdigit() and int(row["step"]) <= last_step]
+            if (row.get("step") or "").isdigit() and keep(int(row["step"]))]
+
+
+def _write_rows(path: Path, rows: list[list[str]]) -> None:
+    """A metrics file of ``rows`` under the header, written beside ``path`` and renamed over it."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(COLUMNS)
+        writer.writerows(rows)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def copy_rows_after(path: Path, step: int, dest: Path) -> None:
+    """Copy the rows of ``path`` past ``step`` into a new metrics file ``dest``: the log of a history a
+    resume from an earlier step sets aside with its checkpoints (the new run's log drops them)."""
+    if path.exists():
+        _write_rows(dest, _rows(path, lambda s: s > step))
 
 
 def perplexity(loss: float) -> float:
@@ -62,12 +81,10 @@ class RunLog:
         if not active:
             return
         path = out / METRICS_FILE
-        kept = _rows_up_to(path, resume_step) if resume_step is not None and path.exists() else []
-        self._fh = open(path, "w", newline="")  # noqa: SIM115 - closed in close()
+        kept = _rows(path, lambda step: step <= resume_step) if resume_step is not None and path.exists() else []
+        _write_rows(path, kept)  # atomically: a kill here leaves the old file or the new one, never a cut one
+        self._fh = open(path, "a", newline="")  # noqa: SIM115 - closed in close()
         self._csv = csv.writer(self._fh)
-        self._csv.writerow(COLUMNS)
-        self._csv.writerows(kept)
-        self._fh.flush()
         if kind == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter
 

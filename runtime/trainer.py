@@ -6,6 +6,7 @@ invocation never leaves a half-made run directory.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ import torch
 
 from slidedp.errors import SlideDPError, TrainingStopped
 from slidedp.exposure import exposure_from_trace, limiter
-from slidedp.hardware import GIB, HardwareProfile
+from slidedp.hardware import GIB, HardwareProfile, gib_text
 from slidedp.model import estimate_memory, memory_shortfalls
 from slidedp.model_spec import ModelSpec
 from slidedp.output_paths import check_output_dir
@@ -32,7 +33,7 @@ from slidedp.run_summary import RunSummary, span_field
 from slidedp.runtime import checkpoint_files
 from slidedp.runtime.chunks import ChunkTable
 from slidedp.runtime.comm import Comm, HostGroups
-from slidedp.runtime.data import DataSpec, LoadedData, Rows, load_data
+from slidedp.runtime.data import DataSpec, LoadedData, Rows, load_data, rows_digest
 from slidedp.runtime.device import Device, rank_gpu_gib
 from slidedp.runtime.engine import EngineConfig, StepStats, StreamingEngine, shared_buffer_sizes
 from slidedp.runtime.hf_adapter import ModelAdapter, load_hf_config
@@ -40,7 +41,7 @@ from slidedp.runtime.host_state import HostState
 from slidedp.runtime.lifetime import RunLock
 from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.packed_attention import VarlenKernel, example_lengths, torch_varlen_kernel, varlen_available
-from slidedp.runtime.run_logs import METRICS_FILE, TB_DIR, RunLog, check_logger, perplexity
+from slidedp.runtime.run_logs import METRICS_FILE, TB_DIR, RunLog, check_logger, copy_rows_after, perplexity
 from slidedp.runtime.shared_dir import (
     LAUNCHER_PID_ENV,
     NODE_RANK_ENV,
@@ -180,7 +181,12 @@ class Trainer:
         launched = "WORLD_SIZE" in os.environ  # a rank: its launcher checked the directory and holds its lock
         if not launched and s.hosts == 1:  # several hosts lock the directory per node (RunLock), each its own
             RunLock.refuse_if_held(s.out)
-        earlier = [] if launched or s.resume is not None or s.overwrite else earlier_run(s.out)
+        self.resumes_here = s.resume is not None and continues_history(s.out, Path(s.resume))
+        earlier = [] if launched or self.resumes_here or s.overwrite else earlier_run(s.out)
+        if earlier and s.resume is not None:
+            raise SlideDPError(f"--out {str(s.out)!r} holds another run ({', '.join(p.name for p in earlier[:3])}"
+                               f"{', ...' if len(earlier) > 3 else ''}) than the one --resume {s.resume!r} "
+                               f"continues: choose another --out")
         if earlier:
             resume = f"--resume {str(s.out / CHECKPOINT)!r} to continue it, " \
                 if (s.out / CHECKPOINT).is_dir() else ""
@@ -246,8 +252,8 @@ class Trainer:
         if device.startswith("cuda"):
             free, _ = torch.cuda.mem_get_info(torch.device(device))
             if self.memory.gpu_peak > free:
-                problems.append(f"GPU peak {self.memory.gpu_peak / GIB:.1f} GiB exceeds the free "
-                                f"{free / GIB:.1f} GiB on {device}")
+                problems.append(f"GPU peak {gib_text(self.memory.gpu_peak)} GiB exceeds the free "
+                                f"{gib_text(free)} GiB on {device}")
         if problems:
             raise SlideDPError("preflight: " + "; ".join(problems))
         self.gpu_budget = gpu_budget
@@ -260,9 +266,9 @@ class Trainer:
         for note in self.loaded.notes:
             self.log(f"data: {note}")
         saved_data = (self.resume_meta or {}).get("data_key")
-        if saved_data and self.loaded.key and saved_data != self.loaded.key:
-            self.log(f"resume: the data differs from the checkpoint's run (its files, eval split, tokenizer, seq or "
-                     f"seed); steps from {self.start_step + 1} on draw rows of this data")
+        if saved_data and saved_data != self.data_key:
+            self.log(f"resume: the training rows differ from the checkpoint's run (data, tokenizer, packing or seed); "
+                     f"steps from {self.start_step + 1} on draw rows of this data")
         self.varlen_kernel = self._varlen_kernel(torch.device(device))
         if self.varlen_kernel is not None:  # attention stays inside the examples: priced by their lengths
             self.attention_span = attention_span(example_lengths(self.data.rows.segments))
@@ -279,7 +285,9 @@ class Trainer:
         s = self.spec
         path = Path(s.resume)
         if not path.is_dir():
-            raise SlideDPError(f"--resume {s.resume!r}: no such checkpoint directory")
+            aside = sorted(p.name for p in path.parent.glob(SUPERSEDED + "*") if p.is_dir())
+            where = f" (a resume from an earlier step moved later checkpoints into {', '.join(aside)})" if aside else ""
+            raise SlideDPError(f"--resume {s.resume!r}: no such checkpoint directory{where}")
         checkpoint_files.check_hosts(path, s.hosts)
         if s.hosts > 1 and "WORLD_SIZE" not in os.environ:
             # A launcher: which share this host resumes is known once torchrun's rendezvous has placed it.
@@ -311,6 +319,11 @@ class Trainer:
 
     def _checkpoint_dir(self, directory: Path) -> Path:
         return checkpoint_files.share_dir(directory, self.host_index, self.spec.hosts)
+
+    @functools.cached_property
+    def data_key(self) -> str:
+        """The training rows' content digest (runtime.data.rows_digest), once per run."""
+        return rows_digest(self.data.rows, self.spec.seed)
 
     # ---- the run ----------------------------------------------------------------------------------------------
     def out_of_memory_message(self, exc: BaseException) -> str:
@@ -366,16 +379,17 @@ class Trainer:
         if comm.rank == 0 and not s.overwrite:  # a save of this host's checkpoint (share) that a kill interrupted
             for line in checkpoint_files.recover(self._checkpoint_dir(s.out / CHECKPOINT)):
                 self.log(f"checkpoint: {line}")
-        if world.rank == 0 and s.resume and s.hosts == 1:
+        if world.rank == 0 and self.resumes_here and s.hosts == 1 and (s.final_checkpoint or s.save_every):
             moved = set_aside_later_checkpoints(s.out, start_step)
             if moved is not None:
-                self.log(f"resume: from step {start_step}; the earlier run's checkpoints past it are moved, whole, "
-                         f"to {moved}")
+                copy_rows_after(s.out / METRICS_FILE, start_step, moved / METRICS_FILE)
+                self.log(f"resume: from step {start_step}; the earlier run's checkpoints past it, and its metrics "
+                         f"rows, are moved to {moved}")
         if world.rank == 0 and s.run_config is not None:
             import yaml
 
             (s.out / "config.yaml").write_text(yaml.safe_dump(s.run_config, sort_keys=False))
-        runlog = RunLog(s.out, s.log, resume_step=start_step if s.resume else None, config=s.run_config,
+        runlog = RunLog(s.out, s.log, resume_step=start_step if self.resumes_here else None, config=s.run_config,
                         active=world.rank == 0, log=self.log)
         try:
             times, last, evals = self._loop(engine, host, device, start_step, runlog, groups)
@@ -599,7 +613,7 @@ class Trainer:
             host.save(self._checkpoint_dir(latest), {
                 "data_step": data_step, "policy": s.policy.to_dict(), "world": groups.world.world, "seq": s.seq,
                 "batch": self.per_step, "model_spec": self.model_spec.to_dict(), "schedule": schedule_dict(s.optim),
-                "rounding_seed": engine.config.rounding_seed, "data_key": self.loaded.key, **hosts})
+                "rounding_seed": engine.config.rounding_seed, "data_key": self.data_key, **hosts})
             _prune(s.out, s.keep - 1)
         groups.world.barrier()
 
@@ -716,6 +730,17 @@ def _checkpoint_step(directory: Path) -> int | None:
         return int(json.loads((directory / checkpoint_files.META_FILE).read_text())["data_step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def continues_history(out: Path, checkpoint: Path) -> bool:
+    """Whether resuming from ``checkpoint`` continues the history of run directory ``out``: a checkpoint in
+    it, not one of a history set aside (superseded-after-step<N>/). From elsewhere, ``out`` must not hold
+    another run's checkpoints and metrics to mix with: its log and --keep assume one history."""
+    try:
+        inside = checkpoint.resolve().relative_to(out.resolve())
+    except ValueError:
+        return False
+    return not (inside.parts and inside.parts[0].startswith(SUPERSEDED))
 
 
 def set_aside_later_checkpoints(out: Path, start_step: int) -> Path | None:

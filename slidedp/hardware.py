@@ -22,10 +22,12 @@ GIB = 1024**3
 
 
 def gib_text(n_bytes: float) -> str:
-    """Bytes in GiB for a message: one decimal from 1 GiB up, two significant digits below, so that a small
-    limit (a test's, a typo's) does not read as 0.0."""
+    """Bytes in GiB for a message: one decimal from 1 GiB up, two below, two significant digits under 0.01 GiB,
+    so that a small limit (a test's, a typo's) does not read as 0.0."""
     gib = n_bytes / GIB
-    return f"{gib:.1f}" if abs(gib) >= 1 or gib == 0 else f"{gib:.2g}"
+    if abs(gib) >= 1 or gib == 0:
+        return f"{gib:.1f}"
+    return f"{gib:.2f}" if abs(gib) >= 0.01 else f"{gib:.2g}"
 
 MIN_RATE = 1e-6  # GB/s, TFLOP/s, G params/s, GiB: anything smaller is a typo that would stall the simulator
 

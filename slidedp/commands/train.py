@@ -75,9 +75,9 @@ def launch_ranks(args: argparse.Namespace, spec) -> int:
            "--nproc_per_node", str(args.nproc), "--max_restarts", "0", "-m", "slidedp.cli"]
     # The rank processes get this command line through the environment: torchrun's own parser would
     # otherwise try to read options such as --nproc.
-    # OMP_NUM_THREADS=1 unless the user set it: torchrun's own default, without its banner saying so.
-    env = {"OMP_NUM_THREADS": "1", **os.environ, RANK_ARGV_ENV: json.dumps(args.argv), RUN_ID_ENV: run_id,
-           LAUNCHER_PID_ENV: str(os.getpid()),
+    # OMP_NUM_THREADS=1 for several ranks a host unless the user set it: torchrun's own rule, without its banner.
+    env = {**({"OMP_NUM_THREADS": "1"} if args.nproc > 1 else {}), **os.environ, RANK_ARGV_ENV: json.dumps(args.argv),
+           RUN_ID_ENV: run_id, LAUNCHER_PID_ENV: str(os.getpid()),
            EXIT_FILE_ENV: exit_file, **({NODE_RANK_ENV: str(args.node_rank)} if multi else {})}
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     received: list[int] = []
@@ -178,19 +178,20 @@ def run_train(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     if "WORLD_SIZE" not in os.environ:
         check_rank_placement(args.nproc, args.ranks_per_gpu, args.device)
-    spec = build_train_spec(args, log=console.print)
-    if (args.nproc > 1 or args.nnodes > 1) and "WORLD_SIZE" not in os.environ:
-        # Validate every input here, before any rank starts; its start-up lines are rank 0's to print.
-        Trainer(spec, log=_silent)
+    # Under a launcher, the launcher prints the start-up lines (settings, data, resume) once, as it checks every
+    # input before any rank starts; the ranks check the same silently, and rank 0 alone prints the run's lines.
+    rank = int(os.environ["RANK"]) if "WORLD_SIZE" in os.environ else None
+    spec = build_train_spec(args, log=console.print if rank is None else _silent)
+    if (args.nproc > 1 or args.nnodes > 1) and rank is None:
+        Trainer(spec, log=console.print)
         return launch_ranks(args, spec)
-    log = console.print
-    if "WORLD_SIZE" in os.environ:  # a rank: it must not outlive torchrun (and so the launcher)
+    if rank is not None:  # a rank: it must not outlive torchrun (and so the launcher)
         from slidedp.runtime.lifetime import die_with_parent
 
         die_with_parent()
-        if int(os.environ.get("RANK", "0")) != 0:  # one copy of each start-up line, rank 0's
-            log = _silent
-    trainer = Trainer(spec, log=log)  # every input checked; nothing written yet
+    trainer = Trainer(spec, log=console.print if rank is None else _silent)  # every input checked; nothing written
+    if rank == 0:
+        trainer.log = console.print
     start, target = trainer.start_step, trainer.start_step + spec.steps
     progress = Progress(TextColumn("step"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.fields[info]}"),
                         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
@@ -223,7 +224,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _silent(_line: str) -> None:
-    """The log of a process whose lines another prints: the launcher's check of the inputs, ranks past 0."""
+    """The log of a rank whose start-up lines its launcher printed (and of ranks past 0 throughout)."""
 
 
 def step_reporter(progress: Progress, task, console: Console, world: int, target: int):

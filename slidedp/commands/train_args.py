@@ -139,12 +139,23 @@ OUTPUT_PATH_SETTINGS = ("out", "cache_dir", "export_hf")
 INPUT_PATH_SETTINGS = ("model", "data", "tokenizer", "eval_data", "policy", "resume", "hardware")
 
 
+def _names_not_paths(key: str) -> set[str]:
+    """The values of an input setting that name something rather than a file, read as such before any file of
+    that name (--policy auto, --tokenizer bytes, --data synthetic, a model or hardware preset)."""
+    from slidedp.hardware import hardware_presets
+    from slidedp.presets.models import MODEL_PRESETS
+
+    return {"model": set(MODEL_PRESETS), "hardware": set(hardware_presets()), "policy": {"auto"},
+            "tokenizer": {"bytes"}, "data": {"synthetic"}}.get(key, set())
+
+
 def settings(args: argparse.Namespace) -> dict:
     """The resolved settings, by name: what <out>/config.yaml holds."""
     def resolved(key: str, value):
         if not isinstance(value, str) or not value or os.path.isabs(value):
             return value
-        if key in OUTPUT_PATH_SETTINGS or (key in INPUT_PATH_SETTINGS and os.path.exists(value)):
+        if key in OUTPUT_PATH_SETTINGS or (key in INPUT_PATH_SETTINGS and os.path.exists(value)
+                                           and value.lower() not in _names_not_paths(key)):
             return os.path.abspath(value)
         return value
 
@@ -255,8 +266,10 @@ def build_train_spec(args: argparse.Namespace, log=print):
     # checkpoint's) when the file is run again with other --steps, as it did here.
     args.lr, args.warmup, args.min_lr_ratio = optim.lr, optim.warmup_steps, optim.min_lr_ratio
     if not args.resume and optim.total_steps < args.steps:
-        log(f"note: the learning-rate schedule ends at step {optim.total_steps} (--total-steps); steps "
-            f"{optim.total_steps + 1}-{args.steps} run at its floor, lr {optim.lr * optim.min_lr_ratio:.3g}")
+        after = f"step {args.steps}" if args.steps == optim.total_steps + 1 else \
+            f"steps {optim.total_steps + 1}-{args.steps}"
+        log(f"note: the learning-rate schedule ends at step {optim.total_steps} (--total-steps); {after} run at its "
+            f"floor, lr {optim.lr * optim.min_lr_ratio:.3g}")
     check_hosts_args(args)
     world = int(os.environ.get("WORLD_SIZE", args.nproc * args.nnodes))
     if world != args.nproc * args.nnodes:

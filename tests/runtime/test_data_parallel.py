@@ -115,6 +115,7 @@ def test_cli_nproc_trains_and_a_killed_rank_stops_every_rank(tmp_path):
     assert ok.returncode == 0, ok.stderr[-2000:]
     # one copy of each start-up line (rank 0's), no warning repeated per rank and step, no torchrun banner
     assert ok.stderr.count("host state:") == 1 and "Warning" not in ok.stderr and "OMP_NUM_THREADS" not in ok.stderr
+    assert ok.stderr.count("data:") == 1 and ok.stderr.count("policy ") <= 1
     metrics = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
     assert len(metrics) == 3 and (tmp_path / "run" / "trace_rank1.parquet").exists()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -118,14 +118,27 @@ def test_a_resume_from_an_earlier_checkpoint_sets_the_later_ones_aside(tmp_path,
                   "--resume", str(out / "checkpoint-step2")) == 0
     err = "".join(capsys.readouterr().err.split())  # rich wraps a long path anywhere
     aside = out / "superseded-after-step2"
-    said = f"resume: from step 2; the earlier run's checkpoints past it are moved, whole, to {aside}"
+    said = f"resume: from step 2; the earlier run's checkpoints past it, and its metrics rows, are moved to {aside}"
     assert "".join(said.split()) in err
-    assert sorted(p.name for p in aside.iterdir()) == ["checkpoint", "checkpoint-step4"]
+    assert sorted(p.name for p in aside.iterdir()) == ["checkpoint", "checkpoint-step4", "metrics.csv"]
+    assert pd.read_csv(aside / "metrics.csv").step.tolist() == [3, 4, 5, 6]
     assert (aside / "checkpoint-step4" / checkpoint_files.STATE_FILE).read_bytes() == first_step4
     assert json.loads((aside / "checkpoint" / "meta.json").read_text())["data_step"] == 6
     assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint", "checkpoint-step2"]
     assert json.loads((out / "checkpoint" / "meta.json").read_text())["data_step"] == 4
     assert pd.read_csv(out / "metrics.csv").step.tolist() == [1, 2, 3, 4]  # one history in the log too
+    # A history set aside, or another directory's checkpoint, does not continue this directory's: refused
+    capsys.readouterr()
+    assert _train(tmp_path, out, "--steps", "1", "--resume", str(aside / "checkpoint")) == 2
+    assert "holds another run" in capsys.readouterr().err
+    other = tmp_path / "other"
+    assert _train(tmp_path, other, "--steps", "2", "--save-every", "1") == 0
+    assert _train(tmp_path, out, "--steps", "1", "--resume", str(other / "checkpoint")) == 2
+    assert "choose another --out" in capsys.readouterr().err
+    assert _train(tmp_path, tmp_path / "fresh", "--steps", "1", "--resume", str(aside / "checkpoint")) == 0
+    capsys.readouterr()
+    assert _train(tmp_path, out, "--steps", "1", "--resume", str(out / "checkpoint-step6")) == 2
+    assert "moved later checkpoints into superseded-after-step2" in " ".join(capsys.readouterr().err.split())
     # --overwrite clears the set-aside history with the rest of the earlier run
     assert _train(tmp_path, out, "--steps", "1", "--overwrite", "--no-checkpoint") == 0
     assert not aside.exists()

@@ -141,6 +141,7 @@ def test_the_resolved_config_reruns_from_another_directory(files, monkeypatch, t
     import yaml
 
     monkeypatch.chdir(files)
+    (files / "h200-x1").write_text("a file named like the hardware preset: the preset is what the run read")
     assert main(["train", "--model", "tiny.json", "--data", "chat.jsonl", "--tokenizer", "tok", "--seq", "96",
                  "--batch", "2", "--steps", "1", "--out", "rel", "--log", "none", "--no-checkpoint"]) == 0
     saved = yaml.safe_load((files / "rel" / "config.yaml").read_text())

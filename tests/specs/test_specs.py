@@ -198,7 +198,8 @@ def test_a_policy_file_that_gives_both_is_taken_as_written(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("n_bytes, text", [(0, "0.0"), (206 * 2**30, "206.0"), (1.25 * 2**30, "1.2"),
-                                           (10_000, "9.3e-06"), (0.25 * 2**30, "0.25")])
+                                           (10_000, "9.3e-06"), (0.25 * 2**30, "0.25"),
+                                           (0.996 * 2**30, "1.00")])
 def test_gib_text_never_reads_a_small_limit_as_zero(n_bytes, text):
     from slidedp.hardware import gib_text
 
