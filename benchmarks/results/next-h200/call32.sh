@@ -10,4 +10,4 @@ source benchmarks/results/h200-2026-12-04/setup.sh
 timeout $(left ${BUDGET:-400}) python3 -m benchmarks.compact_state finetune --states ${@:-fp32+bf16 bf16+bf16} --seq 512 --batches 8 \
   --micro-batch 8 --steps 300 --eval-every 50 --out /tmp/ft32 > $OUT/c32.log 2>&1
 cp /tmp/ft32/results.jsonl $OUT/c32_ft.jsonl; cp /tmp/ft32/finetune.md $OUT/c32_finetune.md
-for d in /tmp/ft32/runs/finetune-*; do cp $d/metrics.csv $OUT/c32_$(basename $d | tr '+' 'p').csv; done
+for d in /tmp/ft32/runs/finetune-*/; do cp $d/metrics.csv $OUT/c32_$(basename $d | tr '+' 'p').csv; done
