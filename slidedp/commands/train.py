@@ -172,6 +172,7 @@ def run_train(args: argparse.Namespace) -> int:
     import torch
 
     from slidedp.runtime.device import prefer_expandable_segments
+    from slidedp.runtime.shared_dir import LAUNCHER_PID_ENV
     from slidedp.runtime.trainer import Trainer
 
     prefer_expandable_segments()  # before any CUDA allocation, in the launcher and so in every rank
@@ -180,8 +181,10 @@ def run_train(args: argparse.Namespace) -> int:
         check_rank_placement(args.nproc, args.ranks_per_gpu, args.device)
     # Under a launcher, the launcher prints the start-up lines (settings, data, resume) once, as it checks every
     # input before any rank starts; the ranks check the same silently, and rank 0 alone prints the run's lines.
+    # (Ranks that torchrun started without this launcher: rank 0 prints them all.)
     rank = int(os.environ["RANK"]) if "WORLD_SIZE" in os.environ else None
-    spec = build_train_spec(args, log=console.print if rank is None else _silent)
+    start_log = _silent if rank is not None and (LAUNCHER_PID_ENV in os.environ or rank != 0) else console.print
+    spec = build_train_spec(args, log=start_log)
     if (args.nproc > 1 or args.nnodes > 1) and rank is None:
         Trainer(spec, log=console.print)
         return launch_ranks(args, spec)
@@ -189,7 +192,7 @@ def run_train(args: argparse.Namespace) -> int:
         from slidedp.runtime.lifetime import die_with_parent
 
         die_with_parent()
-    trainer = Trainer(spec, log=console.print if rank is None else _silent)  # every input checked; nothing written
+    trainer = Trainer(spec, log=start_log)  # every input checked; nothing written yet
     if rank == 0:
         trainer.log = console.print
     start, target = trainer.start_step, trainer.start_step + spec.steps
