@@ -29,6 +29,7 @@ __all__ = ["BYTE_EOS", "ByteTokenizer", "DataSpec", "LoadedData", "PackStats", "
            "load_tokenizer"]
 
 CACHE_VERSION = 1  # bump when the row layout changes
+SYNTHETIC_DATA = "synthetic"  # --data synthetic: random tokens (benchmarks), read before any file of that name
 
 
 @dataclass(frozen=True)
@@ -104,10 +105,10 @@ def rows_digest(rows: Rows, seed: int) -> str:
 def load_data(spec: DataSpec, vocab_size: int, seq: int, per_step: int, seed: int,
               cache_dir: Path | None = None, log: Callable[[str], None] | None = None) -> LoadedData:
     """``synthetic`` for random tokens (benchmarks); else files through the format pipeline, cached."""
-    if spec.source == "synthetic":
+    if spec.source == SYNTHETIC_DATA:
         g = torch.Generator().manual_seed(seed)
         windows = torch.randint(0, vocab_size, (max(per_step * 4, 16), seq + 1), generator=g)
-        return LoadedData(PackedData(Rows.from_windows(windows), per_step, seed), None, "synthetic", [])
+        return LoadedData(PackedData(Rows.from_windows(windows), per_step, seed), None, SYNTHETIC_DATA, [])
     source = DataSource.resolve(spec.source)
     eval_source = DataSource.resolve(spec.eval_source, "--eval-data") if spec.eval_source else None
     tok = load_tokenizer(spec.tokenizer, vocab_size)

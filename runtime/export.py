@@ -71,9 +71,9 @@ def export_hf(host: HostState, adapter: ModelAdapter, directory: Path, tokenizer
     gen = GenerationConfig(bos_token_id=getattr(config, "bos_token_id", None),
                            eos_token_id=getattr(config, "eos_token_id", None),
                            pad_token_id=getattr(config, "pad_token_id", None))
-    if tokenizer_path and tokenizer_path != "bytes":
-        from slidedp.runtime.text_tokenizers import HFTokenizer
+    from slidedp.runtime.text_tokenizers import BYTE_TOKENIZER, HFTokenizer
 
+    if tokenizer_path and tokenizer_path != BYTE_TOKENIZER:
         tok = HFTokenizer(tokenizer_path, adapter.config.vocab_size)
         tok.save(directory)
         gen.eos_token_id = gen.eos_token_id if gen.eos_token_id is not None else tok.eos_token_id

@@ -13,6 +13,7 @@ from pathlib import Path
 from slidedp.errors import SlideDPError
 
 BYTE_EOS = 256
+BYTE_TOKENIZER = "bytes"  # --tokenizer bytes (or none): the byte-level tokenizer, not a directory
 
 
 class ByteTokenizer:
@@ -21,7 +22,7 @@ class ByteTokenizer:
     eos_token_id = BYTE_EOS
     pad_token_id = BYTE_EOS
     chat_template = None
-    name = "bytes"
+    name = BYTE_TOKENIZER
 
     def __init__(self, vocab_size: int):
         if vocab_size < 257:
@@ -95,6 +96,6 @@ class HFTokenizer:
 
 
 def load_tokenizer(path: str | None, vocab_size: int) -> ByteTokenizer | HFTokenizer:
-    if path is None or path == "bytes":
+    if path is None or path == BYTE_TOKENIZER:
         return ByteTokenizer(vocab_size)
     return HFTokenizer(path, vocab_size)

@@ -20,6 +20,7 @@ from slidedp.state_choice import AUTO, state_arg, state_options
 REQUIRED = ("model", "data", "steps", "out")
 # Not saved in <out>/config.yaml: --overwrite would make `train --config <out>/config.yaml` delete a run unasked.
 NOT_SETTINGS = ("config", "argv", "func", "command", "overwrite")
+AUTO_POLICY = "auto"  # --policy auto: tune for this run, read before any file of that name
 AUTO_BATCH_PER_RANK = 8  # --policy auto without --batch: sequences per rank the tuner plans for
 
 
@@ -144,9 +145,11 @@ def _names_not_paths(key: str) -> set[str]:
     that name (--policy auto, --tokenizer bytes, --data synthetic, a model or hardware preset)."""
     from slidedp.hardware import hardware_presets
     from slidedp.presets.models import MODEL_PRESETS
+    from slidedp.runtime.data import SYNTHETIC_DATA
+    from slidedp.runtime.text_tokenizers import BYTE_TOKENIZER
 
-    return {"model": set(MODEL_PRESETS), "hardware": set(hardware_presets()), "policy": {"auto"},
-            "tokenizer": {"bytes"}, "data": {"synthetic"}}.get(key, set())
+    return {"model": set(MODEL_PRESETS), "hardware": set(hardware_presets()), "policy": {AUTO_POLICY},
+            "tokenizer": {BYTE_TOKENIZER}, "data": {SYNTHETIC_DATA}}.get(key, set())
 
 
 def settings(args: argparse.Namespace) -> dict:
@@ -238,9 +241,9 @@ def build_train_spec(args: argparse.Namespace, log=print):
     if hw.num_gpus != args.nproc:  # the profile describes one host
         hw = hw.with_gpus(args.nproc)
     tuned = None
-    if args.state == AUTO and args.policy != "auto":
+    if args.state == AUTO and args.policy != AUTO_POLICY:
         raise SlideDPError("--state auto lets the tuner choose the host state's precision: it needs --policy auto")
-    if args.policy == "auto":
+    if args.policy == AUTO_POLICY:
         policy, tuned = tune_policy(args, hw, log)
         source = "auto"
     elif args.policy:
