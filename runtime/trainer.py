@@ -30,7 +30,7 @@ from slidedp.problem import REPLAN_BUDGET_FRACTION, gpu_memory_gib
 from slidedp.report.rundir import measurement_files, write_run_dir
 from slidedp.routes import Routes
 from slidedp.run_summary import RunSummary, span_field
-from slidedp.runtime import checkpoint_files
+from slidedp.runtime import checkpoint_files, checkpoint_history
 from slidedp.runtime.chunks import ChunkTable
 from slidedp.runtime.comm import Comm, HostGroups
 from slidedp.runtime.data import DataSpec, LoadedData, Rows, load_data, rows_digest
@@ -59,10 +59,6 @@ from slidedp.workload import StepWorkload, threads_for_this_machine
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-CHECKPOINT = "checkpoint"  # the latest checkpoint; older kept ones are checkpoint-step<N> beside it (--keep)
-# Where a resume from an earlier checkpoint of the same run directory moves that run's later checkpoints:
-# <out>/superseded-after-step<N>[-K]/ (see set_aside_later_checkpoints).
-SUPERSEDED = "superseded-after-step"
 DATA_CACHE = "data_cache"
 
 
@@ -181,15 +177,15 @@ class Trainer:
         launched = "WORLD_SIZE" in os.environ  # a rank: its launcher checked the directory and holds its lock
         if not launched and s.hosts == 1:  # several hosts lock the directory per node (RunLock), each its own
             RunLock.refuse_if_held(s.out)
-        self.resumes_here = s.resume is not None and continues_history(s.out, Path(s.resume))
+        self.resumes_here = s.resume is not None and checkpoint_history.continues_history(s.out, Path(s.resume))
         earlier = [] if launched or self.resumes_here or s.overwrite else earlier_run(s.out)
         if earlier and s.resume is not None:
             raise SlideDPError(f"--out {str(s.out)!r} holds another run ({', '.join(p.name for p in earlier[:3])}"
                                f"{', ...' if len(earlier) > 3 else ''}) than the one --resume {s.resume!r} "
                                f"continues: choose another --out")
         if earlier:
-            resume = f"--resume {str(s.out / CHECKPOINT)!r} to continue it, " \
-                if (s.out / CHECKPOINT).is_dir() else ""
+            resume = f"--resume {str(checkpoint_history.latest(s.out))!r} to continue it, " \
+                if checkpoint_history.latest(s.out).is_dir() else ""
             raise SlideDPError(f"--out {str(s.out)!r} holds an earlier run ({', '.join(p.name for p in earlier[:3])}"
                                f"{', ...' if len(earlier) > 3 else ''}): add {resume}--overwrite to start over "
                                f"there, or choose another --out")
@@ -285,7 +281,7 @@ class Trainer:
         s = self.spec
         path = Path(s.resume)
         if not path.is_dir():
-            aside = sorted(p.name for p in path.parent.glob(SUPERSEDED + "*") if p.is_dir())
+            aside = [p.name for p in checkpoint_history.superseded(path.parent)]
             where = f" (a resume from an earlier step moved later checkpoints into {', '.join(aside)})" if aside else ""
             raise SlideDPError(f"--resume {s.resume!r}: no such checkpoint directory{where}")
         checkpoint_files.check_hosts(path, s.hosts)
@@ -377,10 +373,10 @@ class Trainer:
             for line in _clear_earlier_run(s.out):
                 self.log(f"--overwrite: removed {line}")
         if comm.rank == 0 and not s.overwrite:  # a save of this host's checkpoint (share) that a kill interrupted
-            for line in checkpoint_files.recover(self._checkpoint_dir(s.out / CHECKPOINT)):
+            for line in checkpoint_files.recover(self._checkpoint_dir(checkpoint_history.latest(s.out))):
                 self.log(f"checkpoint: {line}")
         if world.rank == 0 and self.resumes_here and s.hosts == 1 and (s.final_checkpoint or s.save_every):
-            moved = set_aside_later_checkpoints(s.out, start_step)
+            moved = checkpoint_history.set_aside_later_checkpoints(s.out, start_step)
             if moved is not None:
                 copy_rows_after(s.out / METRICS_FILE, start_step, moved / METRICS_FILE)
                 self.log(f"resume: from step {start_step}; the earlier run's checkpoints past it, and its metrics "
@@ -604,9 +600,9 @@ class Trainer:
         groups.world.barrier()  # every owner on every host has applied its updates
         if groups.local.rank == 0:
             s = self.spec
-            latest = s.out / CHECKPOINT
+            latest = checkpoint_history.latest(s.out)
             if s.keep > 1:
-                _keep_aside(latest, data_step)
+                checkpoint_history.keep_aside(s.out, data_step)
             hosts = {"hosts": groups.hosts, "host": groups.host} if groups.hosts > 1 else {}
             if hosts:
                 latest.mkdir(parents=True, exist_ok=True)
@@ -614,7 +610,7 @@ class Trainer:
                 "data_step": data_step, "policy": s.policy.to_dict(), "world": groups.world.world, "seq": s.seq,
                 "batch": self.per_step, "model_spec": self.model_spec.to_dict(), "schedule": schedule_dict(s.optim),
                 "rounding_seed": engine.config.rounding_seed, "data_key": self.data_key, **hosts})
-            _prune(s.out, s.keep - 1)
+            checkpoint_history.prune(s.out, s.keep - 1)
         groups.world.barrier()
 
     def _summary(self, last: StepStats, times: list[float], device: Device, host: HostState,
@@ -693,10 +689,10 @@ def earlier_run(out: Path) -> list[Path]:
     """What an earlier run left in ``out`` that a new one would mix with its own: its checkpoint, kept
     checkpoints and interrupted saves, metrics, TensorBoard events and measurement files. One list, which
     decides whether ``out`` holds a run and is what --overwrite removes; nothing else in ``out`` is touched."""
-    latest = out / CHECKPOINT
+    latest = checkpoint_history.latest(out)
     found = [latest] if latest.exists() or latest.is_symlink() else []
-    found += [p for _, p in _kept(out)] + checkpoint_files.save_leftovers(latest)
-    found += sorted(p for p in out.glob(SUPERSEDED + "*") if p.is_dir())
+    found += [p for _, p in checkpoint_history.kept(out)] + checkpoint_files.save_leftovers(latest)
+    found += checkpoint_history.superseded(out)
     found += [p for p in (out / METRICS_FILE, out / TB_DIR) if p.exists() or p.is_symlink()]
     return found + measurement_files(out)
 
@@ -711,83 +707,3 @@ def _clear_earlier_run(out: Path) -> list[str]:
             path.unlink(missing_ok=True)
         removed.append(path.name)
     return removed
-
-
-def _kept(out: Path) -> list[tuple[int, Path]]:
-    found = []
-    for p in out.glob(CHECKPOINT + "-step*"):
-        suffix = p.name[len(CHECKPOINT + "-step"):]
-        if suffix.isdigit() and p.is_dir():
-            found.append((int(suffix), p))
-    return sorted(found)
-
-
-def _checkpoint_step(directory: Path) -> int | None:
-    """The data step a one-host checkpoint directory was saved at (its meta.json); None where unreadable."""
-    import json
-
-    try:
-        return int(json.loads((directory / checkpoint_files.META_FILE).read_text())["data_step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def continues_history(out: Path, checkpoint: Path) -> bool:
-    """Whether resuming from ``checkpoint`` continues the history of run directory ``out``: a checkpoint in
-    it, not one of a history set aside (superseded-after-step<N>/). From elsewhere, ``out`` must not hold
-    another run's checkpoints and metrics to mix with: its log and --keep assume one history."""
-    try:
-        inside = checkpoint.resolve().relative_to(out.resolve())
-    except ValueError:
-        return False
-    return not (inside.parts and inside.parts[0].startswith(SUPERSEDED))
-
-
-def set_aside_later_checkpoints(out: Path, start_step: int) -> Path | None:
-    """A resume from an earlier checkpoint starts a second history in ``out`` at ``start_step``: the first
-    history's checkpoints past that step (kept ones and the latest) would otherwise be mixed with the new
-    run's, pruned by --keep in place of the checkpoint resumed from, or kept under a step name the new run
-    writes again. They are moved, whole and untouched, into <out>/superseded-after-step<N>/; what directory
-    that is, or None when there were none."""
-    later = [p for step, p in _kept(out) if step > start_step]
-    latest = out / CHECKPOINT
-    step = _checkpoint_step(latest)
-    if step is not None and step > start_step:
-        later.append(latest)
-    if not later:
-        return None
-    dest, n = out / f"{SUPERSEDED}{start_step}", 1
-    while dest.exists():
-        n += 1
-        dest = out / f"{SUPERSEDED}{start_step}-{n}"
-    dest.mkdir(mode=0o700)
-    for p in later:
-        p.rename(dest / p.name)
-    return dest
-
-
-def _keep_aside(latest: Path, new_step: int) -> None:
-    """Before the latest checkpoint is replaced: hard-link its files into checkpoint-step<N> (no copy of the
-    bytes; the atomic replace then removes only the old names)."""
-    step = _checkpoint_step(latest)
-    if step is None:
-        return
-    aside = latest.with_name(f"{CHECKPOINT}-step{step}")
-    if aside.exists() or step == new_step:
-        return
-    tmp = aside.with_name(aside.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for f in latest.iterdir():
-        try:
-            os.link(f, tmp / f.name)
-        except OSError:  # a filesystem without hard links
-            shutil.copy2(f, tmp / f.name)
-    tmp.rename(aside)
-
-
-def _prune(out: Path, older: int) -> None:
-    """Keep the ``older`` most recent checkpoint-step<N> directories beside the latest checkpoint."""
-    kept = _kept(out)
-    for _, p in kept[:max(0, len(kept) - older)]:
-        shutil.rmtree(p, ignore_errors=True)

@@ -107,7 +107,9 @@ def launch_ranks(args: argparse.Namespace, spec) -> int:
               f"was removed", file=sys.stderr)
         return 130
     if code != 0:
-        ckpt = spec.out / "checkpoint"
+        from slidedp.runtime.checkpoint_history import latest
+
+        ckpt = latest(spec.out)
         state = f"the last complete checkpoint {ckpt} is intact" if ckpt.exists() else "no checkpoint was written"
         if stopped is not None:  # a rank stopped the run on purpose: its code and reason, once
             print(f"slidedp: error: {stopped[1]}", file=sys.stderr)
