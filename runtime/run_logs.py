@@ -4,7 +4,10 @@ One ``RunLog`` per run (rank 0 writes, the others hold a null log). metrics.csv 
 the eval columns filled on the steps that evaluated; TensorBoard gets the same numbers as scalars under
 ``train/``, ``eval/`` and ``perf/`` (x axis: the global optimizer step), in ``<out>/tensorboard``.
 W&B is used only when asked for and installed; without a key or network it runs offline (its files in
-``<out>/wandb``, synced later with ``wandb sync``).
+``<out>/wandb``, synced later with ``wandb sync``). The W&B run's id is kept in ``<out>/wandb-run-id`` so that
+a resume continues the same W&B run; W&B cannot drop logged steps, so a resume that redoes steps the earlier
+run had already logged (it was killed after its last save, or resumes from an older checkpoint) logs to a new
+W&B run instead, and says so.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ COLUMNS = ("step", "loss", "grad_norm", "lr", "skipped", "step_time_s", "tokens_
            "host_rss_gib", "eval_loss", "eval_ppl")
 METRICS_FILE = "metrics.csv"
 TB_DIR = "tensorboard"
+WANDB_RUN_FILE = "wandb-run-id"
 
 
 def check_logger(kind: str) -> None:
@@ -64,6 +68,25 @@ def copy_rows_after(path: Path, step: int, dest: Path) -> None:
         _write_rows(dest, _rows(path, lambda s: s > step))
 
 
+def wandb_continuation(out: Path, resume_step: int | None, last_logged: int | None) -> tuple[str | None, str]:
+    """The W&B run a run in ``out`` continues (None: a new one) and, for a resume that cannot continue it, why.
+    A fresh run starts a new W&B run. A resume continues the earlier run's W&B run when that run logged no
+    step past ``resume_step``; otherwise the steps the resume redoes would reach W&B twice, and W&B keeps the
+    first value of a step, so the resume starts a new W&B run instead."""
+    if resume_step is None:
+        return None, ""
+    try:
+        earlier_id = (out / WANDB_RUN_FILE).read_text().strip()
+    except OSError:
+        earlier_id = ""
+    if not earlier_id:
+        return None, f"{out} holds no earlier W&B run to continue"
+    if last_logged is not None and last_logged > resume_step:
+        return None, (f"run {earlier_id} logged steps {resume_step + 1}-{last_logged}, after the checkpoint, and "
+                      f"W&B cannot drop them: this resume logs to a new W&B run")
+    return earlier_id, ""
+
+
 def perplexity(loss: float) -> float:
     return math.exp(loss) if loss < 700 else float("inf")
 
@@ -81,7 +104,9 @@ class RunLog:
         if not active:
             return
         path = out / METRICS_FILE
-        kept = _rows(path, lambda step: step <= resume_step) if resume_step is not None and path.exists() else []
+        earlier = _rows(path, lambda step: True) if resume_step is not None and path.exists() else []
+        kept = [row for row in earlier if int(row[0]) <= resume_step]
+        last_logged = max((int(row[0]) for row in earlier), default=None)
         _write_rows(path, kept)  # atomically: a kill here leaves the old file or the new one, never a cut one
         self._fh = open(path, "a", newline="")  # noqa: SIM115 - closed in close()
         self._csv = csv.writer(self._fh)
@@ -94,9 +119,16 @@ class RunLog:
             import wandb
 
             mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+            earlier_id, why_new = wandb_continuation(out, resume_step, last_logged)
+            name = out.name if resume_step is None or earlier_id else f"{out.name}-from-step{resume_step + 1}"
             self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "slidedp"), dir=str(out), mode=mode,
-                                     config=config or {}, name=out.name, resume="allow")
-            log(f"wandb: {mode} run in {out / 'wandb'}")
+                                     config=config or {}, name=name, id=earlier_id,
+                                     resume="allow" if earlier_id else None)
+            (out / WANDB_RUN_FILE).write_text(self._wandb.id + "\n")
+            if earlier_id:
+                log(f"wandb: {mode} run {earlier_id} continued from step {resume_step + 1}, in {out / 'wandb'}")
+            else:
+                log(f"wandb: {mode} run {self._wandb.id} in {out / 'wandb'}" + (f" ({why_new})" if why_new else ""))
 
     def step(self, row: dict) -> None:
         if not self.active:

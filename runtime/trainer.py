@@ -41,7 +41,15 @@ from slidedp.runtime.host_state import HostState
 from slidedp.runtime.lifetime import RunLock
 from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.packed_attention import VarlenKernel, example_lengths, torch_varlen_kernel, varlen_available
-from slidedp.runtime.run_logs import METRICS_FILE, TB_DIR, RunLog, check_logger, copy_rows_after, perplexity
+from slidedp.runtime.run_logs import (
+    METRICS_FILE,
+    TB_DIR,
+    WANDB_RUN_FILE,
+    RunLog,
+    check_logger,
+    copy_rows_after,
+    perplexity,
+)
 from slidedp.runtime.shared_dir import (
     LAUNCHER_PID_ENV,
     NODE_RANK_ENV,
@@ -693,7 +701,7 @@ def earlier_run(out: Path) -> list[Path]:
     found = [latest] if latest.exists() or latest.is_symlink() else []
     found += [p for _, p in checkpoint_history.kept(out)] + checkpoint_files.save_leftovers(latest)
     found += checkpoint_history.superseded(out)
-    found += [p for p in (out / METRICS_FILE, out / TB_DIR) if p.exists() or p.is_symlink()]
+    found += [p for p in (out / METRICS_FILE, out / TB_DIR, out / WANDB_RUN_FILE) if p.exists() or p.is_symlink()]
     return found + measurement_files(out)
 
 
