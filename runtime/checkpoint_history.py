@@ -78,7 +78,8 @@ def set_aside_later_checkpoints(out: Path, start_step: int) -> Path | None:
     while dest.exists():
         n += 1
         dest = out / f"{SUPERSEDED}{start_step}-{n}"
-    dest.mkdir(mode=0o700)
+    dest.mkdir()
+    os.chmod(dest, 0o700)  # like every checkpoint directory, whatever the umask
     for p in later:
         p.rename(dest / p.name)
     return dest
@@ -96,7 +97,8 @@ def keep_aside(out: Path, new_step: int) -> None:
         return
     tmp = aside.with_name(aside.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(mode=0o700)
+    tmp.mkdir()
+    os.chmod(tmp, 0o700)
     for f in current.iterdir():
         try:
             os.link(f, tmp / f.name)

@@ -5,9 +5,8 @@ the eval columns filled on the steps that evaluated; TensorBoard gets the same n
 ``train/``, ``eval/`` and ``perf/`` (x axis: the global optimizer step), in ``<out>/tensorboard``.
 W&B is used only when asked for and installed; without a key or network it runs offline (its files in
 ``<out>/wandb``, synced later with ``wandb sync``). The W&B run's id is kept in ``<out>/wandb-run-id`` so that
-a resume continues the same W&B run; W&B cannot drop logged steps, so a resume that redoes steps the earlier
-run had already logged (it was killed after its last save, or resumes from an older checkpoint) logs to a new
-W&B run instead, and says so.
+an online resume continues the same W&B run; where it cannot (see :func:`wandb_continuation`) the resume logs
+to a new W&B run and says why.
 """
 
 from __future__ import annotations
@@ -68,22 +67,30 @@ def copy_rows_after(path: Path, step: int, dest: Path) -> None:
         _write_rows(dest, _rows(path, lambda s: s > step))
 
 
-def wandb_continuation(out: Path, resume_step: int | None, last_logged: int | None) -> tuple[str | None, str]:
+def wandb_continuation(out: Path, resume_step: int | None, last_logged: int | None, project: str,
+                       online: bool) -> tuple[str | None, str]:
     """The W&B run a run in ``out`` continues (None: a new one) and, for a resume that cannot continue it, why.
-    A fresh run starts a new W&B run. A resume continues the earlier run's W&B run when that run logged no
-    step past ``resume_step``; otherwise the steps the resume redoes would reach W&B twice, and W&B keeps the
-    first value of a step, so the resume starts a new W&B run instead."""
+    A fresh run starts a new W&B run. A resume continues the earlier W&B run (``<out>/wandb-run-id``) when
+    metrics.csv shows no step logged past ``resume_step`` (W&B keeps the first value of a step and cannot
+    drop logged steps), the project is the same, and the run is online (W&B does not resume offline runs:
+    it would start a second offline run of the same id, and syncing both would overwrite the first)."""
     if resume_step is None:
         return None, ""
     try:
-        earlier_id = (out / WANDB_RUN_FILE).read_text().strip()
+        earlier_project, _, earlier_id = (out / WANDB_RUN_FILE).read_text().strip().rpartition("/")
     except OSError:
-        earlier_id = ""
+        earlier_project, earlier_id = "", ""
     if not earlier_id:
         return None, f"{out} holds no earlier W&B run to continue"
     if last_logged is not None and last_logged > resume_step:
-        return None, (f"run {earlier_id} logged steps {resume_step + 1}-{last_logged}, after the checkpoint, and "
-                      f"W&B cannot drop them: this resume logs to a new W&B run")
+        past = f"step {last_logged}" if last_logged == resume_step + 1 else f"steps {resume_step + 1}-{last_logged}"
+        return None, (f"metrics.csv held {past} past the checkpoint, which W&B run {earlier_id} may hold and "
+                      f"cannot drop: a new W&B run")
+    if earlier_project != project:
+        return None, f"run {earlier_id} is in project {earlier_project!r}, this one in {project!r}: a new W&B run"
+    if not online:
+        return None, (f"W&B does not resume offline runs: a new run beside {earlier_id}; `wandb sync` uploads "
+                      f"both")
     return earlier_id, ""
 
 
@@ -107,6 +114,14 @@ class RunLog:
         earlier = _rows(path, lambda step: True) if resume_step is not None and path.exists() else []
         kept = [row for row in earlier if int(row[0]) <= resume_step]
         last_logged = max((int(row[0]) for row in earlier), default=None)
+        if kind == "wandb":
+            project = os.environ.get("WANDB_PROJECT", "slidedp")
+            mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+            earlier_id, why_new = wandb_continuation(out, resume_step, last_logged, project, mode == "online")
+        if len(kept) < len(earlier):
+            # The earlier W&B run may hold the steps this resume redoes: it is never continued, whichever log
+            # this run writes, so a retry of the resume (whose metrics.csv no longer shows them) cannot either.
+            (out / WANDB_RUN_FILE).unlink(missing_ok=True)
         _write_rows(path, kept)  # atomically: a kill here leaves the old file or the new one, never a cut one
         self._fh = open(path, "a", newline="")  # noqa: SIM115 - closed in close()
         self._csv = csv.writer(self._fh)
@@ -116,19 +131,32 @@ class RunLog:
             purge = None if resume_step is None else resume_step + 1
             self._tb = SummaryWriter(log_dir=str(out / TB_DIR), purge_step=purge)
         elif kind == "wandb":
-            import wandb
-
-            mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
-            earlier_id, why_new = wandb_continuation(out, resume_step, last_logged)
-            name = out.name if resume_step is None or earlier_id else f"{out.name}-from-step{resume_step + 1}"
-            self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "slidedp"), dir=str(out), mode=mode,
-                                     config=config or {}, name=name, id=earlier_id,
-                                     resume="allow" if earlier_id else None)
-            (out / WANDB_RUN_FILE).write_text(self._wandb.id + "\n")
+            self._wandb = self._start_wandb(out, project, mode, earlier_id, resume_step, config)
+            where = f"in {out / 'wandb'}"
             if earlier_id:
-                log(f"wandb: {mode} run {earlier_id} continued from step {resume_step + 1}, in {out / 'wandb'}")
+                log(f"wandb: {mode} run {earlier_id} continued from step {resume_step + 1}, {where}")
             else:
-                log(f"wandb: {mode} run {self._wandb.id} in {out / 'wandb'}" + (f" ({why_new})" if why_new else ""))
+                log(f"wandb: {mode} run {self._wandb.id} {where}" + (f" ({why_new})" if why_new else ""))
+
+    @staticmethod
+    def _start_wandb(out: Path, project: str, mode: str, earlier_id: str | None, resume_step: int | None,
+                     config: dict | None):
+        """The W&B run, its id written to ``<out>/wandb-run-id`` before it starts (a run that fails to start
+        leaves an id that holds no step, which a retry may continue). A failure is one line, not W&B's
+        traceback."""
+        import wandb
+
+        run_id = earlier_id or wandb.util.generate_id()
+        (out / WANDB_RUN_FILE).write_text(f"{project}/{run_id}\n")
+        # A continued run keeps its name; a new run of a resume says where it starts.
+        name = None if earlier_id else out.name if resume_step is None else f"{out.name}-from-step{resume_step + 1}"
+        try:
+            return wandb.init(project=project, dir=str(out), mode=mode, config=config or {}, name=name, id=run_id,
+                              resume="allow")
+        except Exception as exc:  # noqa: BLE001 - W&B raises many types (network, auth, a deleted run id)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise SlideDPError(f"--log wandb: W&B run {run_id} could not start ({first}); use --log tensorboard, "
+                               f"or remove {out / WANDB_RUN_FILE} to start a new W&B run") from None
 
     def step(self, row: dict) -> None:
         if not self.active:
