@@ -257,6 +257,8 @@ def build_train_spec(args: argparse.Namespace, log=print):
     policy = with_state(policy, args.state)
     if args.host_layout:
         policy = policy.with_(host_layout=args.host_layout)
+    if policy.host_layout != "replicated" and args.nnodes == 1:  # Routes.host_sharded: only across hosts
+        log(f"note: host_layout {policy.host_layout} splits the state across hosts; on one host it is kept whole")
     # The schedule: flags, else (resuming) the checkpoint's, else the defaults; so a resume continues it.
     saved = _checkpoint_schedule(args.resume)
     pick = lambda name, key: getattr(args, name) if getattr(args, name) is not None else \

@@ -123,9 +123,10 @@ def test_run_config_file_flags_override_and_resolved_copy(files, capsys):
     assert lrs[0] > lrs[1] > lrs[2]  # a 3-step schedule, not the first run's 1 step and its floor after
     assert "schedule ends" not in capsys.readouterr().err
     assert main(["train", "--config", str(files / "cfgrun" / "config.yaml"), "--out", str(files / "short"),
-                 "--steps", "3", "--total-steps", "1", "--warmup", "0"]) == 0
-    assert "the learning-rate schedule ends at step 1 (--total-steps); steps 2-3 run at its floor" in \
-        " ".join(capsys.readouterr().err.split())
+                 "--steps", "3", "--total-steps", "1", "--warmup", "0", "--host-layout", "sharded"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the learning-rate schedule ends at step 1 (--total-steps); steps 2-3 run at its floor" in err
+    assert "host_layout sharded splits the state across hosts; on one host it is kept whole" in err
     cfg.write_text("steps: many\n")
     assert main(["train", "--config", str(cfg)]) == 2
     assert "--steps: expected a positive integer" in capsys.readouterr().err
