@@ -110,6 +110,19 @@ def run_cli_train(tmp_path, out, *extra, env=None, text="streaming layers throug
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
 
 
+def train_in_process(tmp_path, out, *extra, capsys, text="streaming layers through a shared host state "):
+    """run_cli_train's run through ``slidedp.cli.main`` in this process, for checks that stop before training
+    or need no process of their own (no interpreter and torch start-up, ~4 s a run): (exit code, stderr)."""
+    from slidedp.cli import main
+
+    (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
+    (tmp_path / "data.txt").write_text(text * 60)
+    capsys.readouterr()
+    code = main(["train", "--model", str(tmp_path / "tiny.json"), "--data", str(tmp_path / "data.txt"), "--seq", "32",
+                 "--out", str(out), *extra])
+    return code, capsys.readouterr().err
+
+
 def run_losses(out: Path) -> list[float]:
     """Every step's loss of the run in ``out`` (its metrics.csv)."""
     with open(out / "metrics.csv") as fh:

@@ -14,7 +14,7 @@ import torch
 
 from slidedp.errors import SlideDPError
 from slidedp.runtime import checkpoint_files as cf
-from tests.runtime.helpers import run_cli_train
+from tests.runtime.helpers import run_cli_train, train_in_process
 
 
 def _tensors(n: int = 10) -> dict[str, torch.Tensor]:
@@ -118,34 +118,35 @@ def trained_checkpoint(tmp_path_factory):
 
 @pytest.mark.parametrize("how", ["truncated", "emptied", "header", "flipped", "meta-broken", "meta-missing-key",
                                  "nan", "other-model"])
-def test_a_corrupted_checkpoint_is_one_line_and_exit_2(tmp_path, how, trained_checkpoint):
+def test_a_corrupted_checkpoint_is_one_line_and_exit_2(tmp_path, how, trained_checkpoint, capsys):
     ckpt = tmp_path / "saved"
     shutil.copytree(trained_checkpoint, ckpt)
     _corrupt(ckpt, how, tmp_path)
-    resumed = run_cli_train(tmp_path, tmp_path / "again", "--steps", "1", "--batch", "2", "--resume", str(ckpt))
-    err = resumed.stderr.strip().splitlines()
-    assert resumed.returncode == 2, resumed.stderr[-1500:]
-    assert err[-1].startswith("slidedp: error:") and "Traceback" not in resumed.stderr
+    # In this process: an exception other than the one-line error would fail the test itself.
+    code, stderr = train_in_process(tmp_path, tmp_path / "again", "--steps", "1", "--batch", "2", "--resume",
+                                    str(ckpt), capsys=capsys)
+    assert code == 2, stderr[-1500:]
+    assert stderr.strip().splitlines()[-1].startswith("slidedp: error:")
     assert not (tmp_path / "again" / "metrics.csv").exists()
 
 
-def test_resume_states_what_differs_from_the_checkpoints_run(tmp_path):
+def test_resume_states_what_differs_from_the_checkpoints_run(tmp_path, capsys):
     out = tmp_path / "run"
-    assert run_cli_train(tmp_path, out, "--steps", "1", "--batch", "2").returncode == 0
-    again = run_cli_train(tmp_path, tmp_path / "again", "--steps", "1", "--batch", "4", "--lr", "0.002",
-                          "--seed", "7", "--resume", str(out / "checkpoint"))
-    assert again.returncode == 0, again.stderr[-1500:]
-    err = " ".join(again.stderr.split())
+    assert train_in_process(tmp_path, out, "--steps", "1", "--batch", "2", capsys=capsys)[0] == 0
+    code, stderr = train_in_process(tmp_path, tmp_path / "again", "--steps", "1", "--batch", "4", "--lr", "0.002",
+                                    "--seed", "7", "--resume", str(out / "checkpoint"), capsys=capsys)
+    assert code == 0, stderr[-1500:]
+    err = " ".join(stderr.split())
     assert "resume: batch differs from the checkpoint's run: 2 then, 4 now" in err
     # a dict-valued setting by the fields that differ, whole; the schedule and the data too
-    policy = next(line for line in again.stderr.splitlines() if line.startswith("resume: policy"))
+    policy = next(line for line in stderr.splitlines() if line.startswith("resume: policy"))
     assert policy.endswith("accumulation 2 -> 4") or "micro_batch 2 -> 4" in policy, policy
     assert re.search(r"resume: schedule differs from the checkpoint.s run: lr \S+ -> 0.002", err)
     assert "resume: the training rows differ from the checkpoint's run" in err
-    # the same settings, the data file written again with the same bytes (run_cli_train rewrites it): quiet
-    same = run_cli_train(tmp_path, tmp_path / "same", "--steps", "1", "--batch", "2", "--resume",
-                         str(out / "checkpoint"))
-    assert same.returncode == 0 and "resume:" not in same.stderr, same.stderr
+    # the same settings, the data file written again with the same bytes (train_in_process rewrites it): quiet
+    code, stderr = train_in_process(tmp_path, tmp_path / "same", "--steps", "1", "--batch", "2", "--resume",
+                                    str(out / "checkpoint"), capsys=capsys)
+    assert code == 0 and "resume:" not in stderr, stderr
     assert os.path.isdir(tmp_path / "again" / "checkpoint")
 
 
