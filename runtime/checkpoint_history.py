@@ -27,10 +27,14 @@ def latest(out: Path) -> Path:
     return out / LATEST
 
 
+def _kept_name(step: int | str) -> str:
+    return f"{LATEST}-step{step}"
+
+
 def kept(out: Path) -> list[tuple[int, Path]]:
     """The checkpoint-step<N> directories beside the latest, as (N, path), oldest first."""
     found = []
-    prefix = LATEST + "-step"
+    prefix = _kept_name("")
     for p in out.glob(prefix + "*"):
         suffix = p.name[len(prefix):]
         if suffix.isdigit() and p.is_dir():
@@ -92,7 +96,7 @@ def keep_aside(out: Path, new_step: int) -> None:
     step = checkpoint_step(current)
     if step is None or step == new_step:
         return
-    aside = out / f"{LATEST}-step{step}"
+    aside = out / _kept_name(step)
     if aside.exists():
         return
     tmp = aside.with_name(aside.name + ".tmp")

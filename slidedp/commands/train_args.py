@@ -231,6 +231,7 @@ def check_hosts_args(args: argparse.Namespace) -> None:
 def build_train_spec(args: argparse.Namespace, log=print):
     from slidedp.policy import default_policy, load_policy_for
     from slidedp.problem import resolve_hardware
+    from slidedp.routes import Routes
     from slidedp.runtime.data import DataSpec
     from slidedp.runtime.optim import OptimConfig
     from slidedp.runtime.trainer import TrainSpec
@@ -257,8 +258,8 @@ def build_train_spec(args: argparse.Namespace, log=print):
     policy = with_state(policy, args.state)
     if args.host_layout:
         policy = policy.with_(host_layout=args.host_layout)
-    if policy.host_layout != "replicated" and args.nnodes == 1:  # Routes.host_sharded: only across hosts
-        log(f"note: host_layout {policy.host_layout} splits the state across hosts; on one host it is kept whole")
+    if policy.host_layout == "sharded" and not Routes.of(policy, args.nproc, hosts=args.nnodes).shards_hosts:
+        log("note: host_layout sharded splits the state across hosts; on one host it is kept whole")
     # The schedule: flags, else (resuming) the checkpoint's, else the defaults; so a resume continues it.
     saved = _checkpoint_schedule(args.resume)
     pick = lambda name, key: getattr(args, name) if getattr(args, name) is not None else \

@@ -10,8 +10,8 @@ from slidedp.errors import SlideDPError
 from slidedp.runtime.run_logs import COLUMNS, WANDB_RUN_FILE, RunLog
 
 
-def _log_steps(out, steps, loss, resume_step=None, kind="tensorboard"):
-    log = RunLog(out, kind, resume_step=resume_step, log=lambda _: None)
+def _log_steps(out, steps, loss, resume_step=None, kind="tensorboard", lines=None):
+    log = RunLog(out, kind, resume_step=resume_step, log=(lambda _: None) if lines is None else lines.append)
     for step in steps:
         log.step({"step": step, "loss": loss(step), "grad_norm": 1.0, "lr": 1e-3, "skipped": 0,
                   "step_time_s": 0.1, "tokens_per_s": 10.0})
@@ -90,11 +90,7 @@ def wandb_run(tmp_path, monkeypatch):
 
     def log_steps(steps, resume_step=None, kind="wandb"):
         lines = []
-        log = RunLog(tmp_path, kind, resume_step=resume_step, log=lines.append)
-        for step in steps:
-            log.step({"step": step, "loss": 1.0, "grad_norm": 1.0, "lr": 1e-3, "skipped": 0, "step_time_s": 0.1,
-                      "tokens_per_s": 10.0})
-        log.close()
+        _log_steps(tmp_path, steps, lambda _: 1.0, resume_step=resume_step, kind=kind, lines=lines)
         return lines
 
     log_steps.fake = fake
