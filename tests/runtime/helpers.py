@@ -103,11 +103,11 @@ def run_cli_train(tmp_path, out, *extra, env=None, text="streaming layers throug
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "slidedp.cli", *_train_argv(tmp_path, out, text, extra)]
+    cmd = [sys.executable, "-m", "slidedp.cli", *train_argv(tmp_path, out, text, extra)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
 
 
-def _train_argv(tmp_path, out, text: str, extra) -> list[str]:
+def train_argv(tmp_path, out, text: str, extra) -> list[str]:
     """`slidedp train`'s arguments for a tiny Qwen3 on a small text file, both written into ``tmp_path``."""
     (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
     (tmp_path / "data.txt").write_text(text * 60)
@@ -120,7 +120,7 @@ def train_in_process(tmp_path, out, *extra, capsys, text="streaming layers throu
     or need no process of their own (no interpreter and torch start-up, ~4 s a run): (exit code, stderr)."""
     from slidedp.cli import main
 
-    argv = _train_argv(tmp_path, out, text, extra)
+    argv = train_argv(tmp_path, out, text, extra)
     capsys.readouterr()
     code = main(argv)
     return code, capsys.readouterr().err

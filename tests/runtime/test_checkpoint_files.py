@@ -14,7 +14,7 @@ import torch
 
 from slidedp.errors import SlideDPError
 from slidedp.runtime import checkpoint_files as cf
-from tests.runtime.helpers import run_cli_train, train_in_process
+from tests.runtime.helpers import run_cli_train, train_argv, train_in_process
 
 
 def _tensors(n: int = 10) -> dict[str, torch.Tensor]:
@@ -130,7 +130,7 @@ def test_a_corrupted_checkpoint_is_one_line_and_exit_2(tmp_path, how, trained_ch
     assert not (tmp_path / "again" / "metrics.csv").exists()
 
 
-def test_resume_states_what_differs_from_the_checkpoints_run(tmp_path, capsys):
+def test_resume_states_what_differs_from_the_checkpoints_run(tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     assert train_in_process(tmp_path, out, "--steps", "1", "--batch", "2", capsys=capsys)[0] == 0
     code, stderr = train_in_process(tmp_path, tmp_path / "again", "--steps", "1", "--batch", "4", "--lr", "0.002",
@@ -148,6 +148,28 @@ def test_resume_states_what_differs_from_the_checkpoints_run(tmp_path, capsys):
                                     str(out / "checkpoint"), capsys=capsys)
     assert code == 0 and "resume:" not in stderr, stderr
     assert os.path.isdir(tmp_path / "again" / "checkpoint")
+    # A rank past 0 under a launcher compares nothing, so it never hashes the rows only to compare them.
+    _a_rank_past_0_hashes_no_rows(tmp_path, out / "checkpoint", monkeypatch)
+
+
+def _a_rank_past_0_hashes_no_rows(tmp_path, checkpoint, monkeypatch) -> None:
+    from slidedp.cli import build_parser
+    from slidedp.commands.train_args import build_train_spec
+    from slidedp.runtime import trainer as trainer_module
+
+    hashed = []
+    monkeypatch.setattr(trainer_module, "rows_digest", lambda rows, seed: hashed.append(seed) or "other")
+    text = "streaming layers through a shared host state "  # the run's own data: only the rank differs
+    args = build_parser().parse_args(train_argv(tmp_path, tmp_path / "ranks", text, [
+        "--steps", "1", "--batch", "4", "--nproc", "2", "--device", "cpu", "--resume", str(checkpoint)]))
+    spec = build_train_spec(args, log=lambda _line: None)
+    for rank, hashes in ((1, 0), (0, 1)):
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        hashed.clear()
+        trainer_module.Trainer(spec, log=lambda _line: None)
+        assert len(hashed) == hashes, (rank, hashed)
 
 
 def test_resume_differences_name_each_changed_field_whole():
