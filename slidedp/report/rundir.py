@@ -21,8 +21,9 @@ import pandas as pd
 
 from slidedp.errors import SlideDPError
 from slidedp.exposure import exposure_from_trace
+from slidedp.report.tables import read_table
 from slidedp.run_summary import RunSummary
-from slidedp.trace import load_trace, save_trace
+from slidedp.trace import EXPOSURE_CATEGORIES, load_trace, save_trace
 
 HARDWARE_FILE = "hardware.yaml"  # the profile the run was predicted with (its GPU count the run's)
 RAW_ARCHIVE = "raw.tar.xz"  # a results folder's bulky raw outputs, packed once so git holds one binary per session
@@ -72,10 +73,17 @@ def load_run(path: str | Path) -> RunDir:
         trace = pd.concat([load_trace(p) for p in per_rank], ignore_index=True)
         exposure = exposure_from_trace(trace, step)
     elif (path / EXPOSURE_FILE).exists():
-        exposure = pd.read_csv(path / EXPOSURE_FILE)
+        exposure = load_exposure(path / EXPOSURE_FILE)
     else:
         exposure = exposure_from_trace(trace, step)
     return RunDir(path, trace, exposure, summary)
+
+
+def load_exposure(path: Path) -> pd.DataFrame:
+    """A run's exposure.csv as :func:`write_run_dir` writes it: a rank column and numeric compute and exposed
+    seconds per category (delete the file to have the exposure inferred from the trace)."""
+    return read_table(path, "exposure table", ("rank", "compute", *EXPOSURE_CATEGORIES),
+                      numeric=("rank", "compute", *EXPOSURE_CATEGORIES))
 
 
 TRACE_FILES = ("trace.parquet", "trace.csv", "trace.json")

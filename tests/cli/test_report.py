@@ -138,6 +138,37 @@ def test_unpack_session_joins_loose_files_and_the_raw_archive(sim_result, tmp_pa
     assert run.summary.model == "qwen3-0.6b"
 
 
+@pytest.mark.parametrize("exposure, message", [
+    ("", "cannot read exposure table"),
+    ("x\n1\n", "lacks column(s): rank, compute, h2d"),
+    ("rank,compute,h2d,d2h,collective,cpu,bubble\n0,abc,0,0,0,0,0\n", "compute must be a number in every row, got "
+                                                                     "'abc' in row 1"),
+    ("rank,compute,h2d,d2h,collective,cpu,bubble\n", "has no rows"),
+])
+def test_a_broken_exposure_csv_is_one_line_for_report_and_validate(sim_result, tmp_path, capsys, exposure,
+                                                                    message):
+    run = write_run_dir(tmp_path / "run", sim_result.trace, sim_result.exposure,
+                        RunSummary(model="qwen3-0.6b", step_time_s=sim_result.step_time_s))
+    (run / "exposure.csv").write_text(exposure)
+    for argv in (["report", str(run), "--out", str(tmp_path / "rep")],
+                 ["validate", str(run), "--hardware", "h100-sxm-x4"]):
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "rep").exists()  # nothing half-written
+
+
+def test_a_table_cell_is_quoted_as_python_has_it(tmp_path):
+    from slidedp.errors import SlideDPError
+    from slidedp.report.tables import read_table
+
+    (tmp_path / "v.csv").write_text("label,predicted_s,measured_s\na,1.0,-1\n")
+    with pytest.raises(SlideDPError, match=r"got -1 in row 1$"):
+        read_table(tmp_path / "v.csv", "validation table", ("label", "predicted_s", "measured_s"),
+                   positive=("predicted_s", "measured_s"))
+
+
 def test_trace_only_exposure_matches_the_simulators_chains(sim_result):
     inferred = exposure_from_trace(sim_result.trace, sim_result.step_time_s)
     pd.testing.assert_frame_equal(inferred, sim_result.exposure, check_exact=False, rtol=1e-9, atol=1e-12)
