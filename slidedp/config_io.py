@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -73,6 +74,21 @@ def write_mapping(path: str | Path, data: dict) -> None:
     tmp.replace(path)
 
 
+def _json_key(key: Any, hint: Any) -> Any:
+    """A mapping key as its type: JSON writes every key as a string, so an integer-keyed map (update rates by
+    thread count) that write_mapping saved as JSON reads back with "8" for 8."""
+    if hint is int and isinstance(key, str) and re.fullmatch(r"-?\d{1,16}", key):
+        return int(key)
+    return key
+
+
+def _yaml11_exponent(value: Any) -> Any:
+    """A number YAML 1.1 leaves a string (an exponent without a dot: ``1e30``, ``5e-3``) as the number meant."""
+    if isinstance(value, str) and re.fullmatch(r"[-+]?\d+[eE][-+]?\d+", value.strip()):
+        return float(value)
+    return value
+
+
 def _convert(value: Any, hint: Any, where: str) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
@@ -97,7 +113,8 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise SlideDPError(f"{where}: expected a mapping, got {type(value).__name__}")
         kt, vt = args
-        return {_convert(k, kt, f"{where} key") : _convert(v, vt, f"{where}[{k}]") for k, v in value.items()}
+        return {_convert(_json_key(k, kt), kt, f"{where} key") : _convert(v, vt, f"{where}[{k}]")
+                for k, v in value.items()}
     if hint is bool:
         if not isinstance(value, bool):
             raise SlideDPError(f"{where}: expected true/false, got {quote(value)}")
@@ -107,6 +124,7 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
             raise SlideDPError(f"{where}: expected an integer (at most {MAX_INT:.0e}), got {quote(value)}")
         return value
     if hint is float:
+        value = _yaml11_exponent(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, int)
                                                                              and abs(value) > MAX_INT):
             raise SlideDPError(f"{where}: expected a number, got {quote(value)}")

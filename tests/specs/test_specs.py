@@ -89,9 +89,10 @@ def test_hardware_presets_load_and_round_trip(tmp_path):
     assert {"h100-sxm-x1", "h100-sxm-x4", "h100-sxm-x8", "rtx4090-x4", "h200-x1"} <= set(hardware_presets())
     for name in hardware_presets():
         hw = load_hardware(name)
-        path = tmp_path / f"{name}.yaml"
-        hw.save(path)
-        assert load_hardware(str(path)) == hw
+        for suffix in (".yaml", ".json"):  # JSON writes the thread-count keys of the rate curves as strings
+            path = tmp_path / f"{name}{suffix}"
+            hw.save(path)
+            assert load_hardware(str(path)) == hw, suffix
     assert load_hardware("rtx4090-x4").link.kind == "host"
 
 
@@ -128,6 +129,17 @@ def test_hardware_schema_errors(mutate, message):
     mutate(data)
     with pytest.raises(SlideDPError, match=message):
         HardwareProfile.from_dict(data)
+
+
+def test_a_yaml_exponent_without_a_dot_is_the_number_meant(tmp_path):
+    """YAML 1.1 reads ``1e3`` as a string; a profile's float field takes it as 1000.0, a word stays an error."""
+    path = tmp_path / "hw.yaml"
+    load_hardware("h200-x1").save(path)
+    path.write_text(path.read_text().replace("memory_gib: ", "memory_gib: 1e3 #", 1))
+    assert load_hardware(str(path)).gpu.memory_gib == 1000.0
+    path.write_text(path.read_text().replace("memory_gib: 1e3 #", "memory_gib: lots #", 1))
+    with pytest.raises(SlideDPError, match="memory_gib: expected a number, got 'lots'"):
+        load_hardware(str(path))
 
 
 def test_malformed_yaml_files(tmp_path):
