@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -41,7 +42,21 @@ def check_outputs(args: argparse.Namespace) -> None:
     if args.trace:
         check_output_file(args.trace, "--trace", TRACE_SUFFIXES)
     if args.out:
-        check_output_dir(args.out, "--out")
+        refuse_a_training_run(check_output_dir(args.out, "--out"))
+
+
+def refuse_a_training_run(out: Path) -> None:
+    """A simulation writes the run-directory files a training run measured (summary, trace, exposure, policy,
+    profile): into a directory that holds a training run's checkpoint or metrics it would replace them and
+    leave the rest beside them. An earlier simulation's directory is simply written again."""
+    from slidedp.runtime import checkpoint_history
+    from slidedp.runtime.run_logs import METRICS_FILE
+
+    held = [p.name for p in (checkpoint_history.latest(out), out / METRICS_FILE) if p.exists()]
+    held += [p.name for _, p in checkpoint_history.kept(out)]
+    if held:
+        raise SlideDPError(f"--out {str(out)!r} holds a training run ({', '.join(held)}); a simulation would "
+                           f"replace its measured files: choose another --out")
 
 
 def run_simulate(args: argparse.Namespace) -> int:

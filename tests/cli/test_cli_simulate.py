@@ -67,6 +67,18 @@ def test_policy_file(capsys, tmp_path):
     assert json.loads(out)["policy"]["param_route"] == "replicated"
 
 
+@pytest.mark.parametrize("left", ["metrics.csv", "checkpoint", "checkpoint-step4"])
+def test_simulate_never_writes_over_a_training_run(capsys, tmp_path, left):
+    out = tmp_path / "run"
+    assert run(capsys, *ARGS, "--out", str(out))[0] == 0  # an earlier simulation's directory: written again
+    assert run(capsys, *ARGS, "--out", str(out))[0] == 0
+    before = (out / "summary.json").read_bytes()
+    (out / left).mkdir() if left.startswith("checkpoint") else (out / left).write_text("step,loss\n1,2.0\n")
+    code, _, err = run(capsys, *ARGS, "--out", str(out))
+    assert code == 2 and "holds a training run" in err and err.count("\n") == 1, err
+    assert (out / "summary.json").read_bytes() == before
+
+
 @pytest.mark.parametrize("argv, message", [
     (["simulate", "--model", "gpt-17"], "unknown model"),
     (["simulate", "--hardware", "tpu-v9"], "unknown hardware"),
