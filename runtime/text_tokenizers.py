@@ -43,6 +43,12 @@ class ByteTokenizer:
         return "bytes"
 
 
+# The files a tokenizer's vocabulary lives in (fast, SentencePiece, byte-level BPE, WordPiece): a directory
+# with none of them has no tokenizer, whatever else it holds.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt",
+                   "sentencepiece.bpe.model")
+
+
 class HFTokenizer:
     """A local ``AutoTokenizer`` directory behind the pipeline's interface."""
 
@@ -51,6 +57,10 @@ class HFTokenizer:
 
         if not Path(path).is_dir():
             raise SlideDPError(f"tokenizer {path!r}: not a directory (give a local HF tokenizer directory or 'bytes')")
+        if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+            # transformers would build an empty tokenizer from a model's config alone (every text one token)
+            raise SlideDPError(f"tokenizer {path!r} holds no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...): "
+                               f"a model directory has one only if it was saved with it")
         try:
             self.tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError) as exc:

@@ -148,6 +148,12 @@ def test_local_hf_tokenizer_directory(tmp_path):
     (tmp_path / "d.txt").write_text("hello world " * 20)
     data = load_data(DataSpec(str(tmp_path / "d.txt"), str(tmp_path / "tok")), 300, 16, 1, seed=0).train
     assert int(data.rows.input_ids.max()) < len(vocab)
+    # A model directory saved without its tokenizer (config.json only): refused, not an empty tokenizer that
+    # turns every text into one token.
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": "qwen2", "vocab_size": 300}))
+    with pytest.raises(SlideDPError, match="holds no tokenizer"):
+        load_data(DataSpec(str(tmp_path / "d.txt"), str(tmp_path / "model")), 300, 16, 1, seed=0)
 
 
 def test_checkpoint_write_is_atomic(tmp_path):
