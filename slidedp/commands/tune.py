@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slidedp.commands.progress import progress_callback
+from slidedp.errors import SlideDPError
 from slidedp.model_spec import load_model_spec
 from slidedp.output_paths import check_output_file
 from slidedp.problem import checked_span, resolve_budget, resolve_hardware
@@ -31,6 +32,8 @@ def run_tune(args: argparse.Namespace) -> int:
     out = check_output_file(args.out, "--out")
     ranked_path = check_output_file(args.table, "--table") if args.table else \
         check_output_file(out.with_name(out.stem + "_ranked.csv"), "the ranked table beside --out")
+    if ranked_path.resolve() == out.resolve():
+        raise SlideDPError(f"--table {str(args.table)!r} is the --out policy file: give the ranked table another name")
     spec = load_model_spec(args.model)
     hw = resolve_hardware(args.hardware, args.gpus)
     budget = resolve_budget(hw, args.gpu_budget, args.host_limit)

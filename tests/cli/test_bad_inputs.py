@@ -185,6 +185,7 @@ CASES: list[list[str]] = [
     ["tune", "--model", "qwen3-0.6b", "--batch", "8", "--out", "{data}/p.yaml"],
     ["tune", "--model", "qwen3-0.6b", "--batch", "8", "--out", "{tmp}/dir.yaml"],
     ["tune", "--model", "qwen3-0.6b", "--batch", "8", "--table", "{tmp}/dir.csv"],
+    ["tune", "--model", "qwen3-0.6b", "--batch", "8", "--out", "{tmp}/p.yaml", "--table", "{tmp}/p.yaml"],
     ["report", "{not_a_trace}", "--out", "{data}/r"],
     ["validate", "{empty_dir}", "--out", "{tmp}/dir.csv"],
     ["calibrate", "--quick", "--out", "{data}/p.yaml"],
