@@ -55,6 +55,13 @@ class DataSpec:
             raise SlideDPError(f"--eval-fraction must be in [0, 1), got {self.eval_fraction!r}")
         if self.eval_source and self.eval_fraction:
             raise SlideDPError("give --eval-data or --eval-fraction, not both")
+        if self.source == SYNTHETIC_DATA:
+            given = [flag for flag, on in (("--eval-data", self.eval_source), ("--eval-fraction", self.eval_fraction),
+                                           ("--format", self.format != "auto"), ("--fields", self.fields),
+                                           ("--train-on-prompt", self.train_on_prompt)) if on]
+            if given:
+                raise SlideDPError(f"--data synthetic is random tokens with no examples to read or hold out: "
+                                   f"{', '.join(given)} cannot apply")
         FieldMap.parse(self.fields)
 
 

@@ -186,6 +186,8 @@ CASES: list[list[str]] = [
     ["tune", "--model", "qwen3-0.6b", "--batch", "8", "--out", "{tmp}/dir.yaml"],
     ["tune", "--model", "qwen3-0.6b", "--batch", "8", "--table", "{tmp}/dir.csv"],
     ["tune", "--model", "qwen3-0.6b", "--batch", "8", "--out", "{tmp}/p.yaml", "--table", "{tmp}/p.yaml"],
+    [*TRAIN, "--model", "{good}", "--data", "synthetic", "--eval-fraction", "0.5"],
+    [*TRAIN, "--model", "{good}", "--data", "synthetic", "--format", "messages"],
     ["report", "{not_a_trace}", "--out", "{data}/r"],
     ["validate", "{empty_dir}", "--out", "{tmp}/dir.csv"],
     ["calibrate", "--quick", "--out", "{data}/p.yaml"],
