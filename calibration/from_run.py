@@ -86,8 +86,26 @@ def mape(table: pd.DataFrame) -> float:
     return float(table["error_percent"].abs().mean())
 
 
-def _copy_fit(trace: pd.DataFrame, op: str):
-    rows = trace[(trace.op == op) & (trace.end_s > trace.start_s) & (trace.bytes > 0)]
+def _copies(trace: pd.DataFrame, op: str) -> pd.DataFrame:
+    return trace[(trace.op == op) & (trace.end_s > trace.start_s) & (trace.bytes > 0)]
+
+
+def uncontended_copies(trace: pd.DataFrame, op: str, hw: HardwareProfile) -> pd.DataFrame:
+    """One run's ``op`` copies that no other rank's copy of the same kind overlapped behind the same PCIe
+    switch (rank r on GPU r): the per-GPU link's own rate. Copies that overlapped shared the switch's uplink,
+    so their rate is the uplink's share (27.5 GB/s each for two GPUs behind a 55 GB/s switch), not the link's."""
+    rows = _copies(trace, op)
+    if rows.empty or "rank" not in rows or rows["rank"].nunique() < 2:
+        return rows
+    group = {g: i for i, sw in enumerate(hw.switches) for g in sw.gpus}
+    shares = rows["rank"].map(lambda r: group.get(int(r), -1 - int(r))).to_numpy()  # unswitched: alone
+    start, end, rank = rows.start_s.to_numpy(), rows.end_s.to_numpy(), rows["rank"].to_numpy()
+    overlapped = (start[:, None] < end[None, :]) & (start[None, :] < end[:, None]) & \
+        (rank[:, None] != rank[None, :]) & (shares[:, None] == shares[None, :])
+    return rows[~overlapped.any(axis=1)]
+
+
+def _copy_fit(rows: pd.DataFrame):
     if rows.empty:
         return None
     dur = (rows.end_s - rows.start_s).to_numpy()
@@ -105,8 +123,13 @@ def refit_profile(base: HardwareProfile, records: list[RunRecord]) -> tuple[Hard
     gpu, host = base.gpu, base.host
     report: dict = {"warnings": []}
     for op, field in (("h2d_param", "h2d_gbps"), ("d2h_grad", "d2h_gbps")):
+        alone = pd.concat([uncontended_copies(r.trace, op, base) for r in records], ignore_index=True)
+        if alone.empty and not _copies(trace, op).empty:
+            report["warnings"].append(f"{field}: kept {base.name}'s value, every {op} copy of these runs shared "
+                                      f"its PCIe switch with another rank's, so none shows the link alone")
+            continue
         try:
-            fit = _copy_fit(trace, op)
+            fit = _copy_fit(alone)
         except SlideDPError as exc:  # e.g. a CPU run's copies, whose times need not grow with their size
             report["warnings"].append(f"{field}: kept {base.name}'s value, the runs' {op} copies give no "
                                       f"credible fit ({exc})")

@@ -575,3 +575,33 @@ def test_torch_threads_sets_the_count_in_the_block_and_restores_it_after_an_erro
     assert torch.get_num_threads() == entry
     with torch_threads(None):
         assert torch.get_num_threads() == entry
+
+
+def test_link_rates_are_fitted_from_copies_that_had_their_switch_alone():
+    """Copies of ranks behind one PCIe switch that overlap share its uplink: their rate is the uplink's share,
+    not the link's. Only copies no other rank's overlapped behind the same switch are the link's own."""
+    import pandas as pd
+
+    from slidedp.calibration.from_run import uncontended_copies
+
+    hw = load_hardware("h100-sxm-x4")  # GPUs 0 and 1 behind one switch, 2 and 3 behind the other
+    assert {0, 1} == set(next(sw.gpus for sw in hw.switches if 0 in sw.gpus))
+    copies = pd.DataFrame({"op": "h2d_param", "bytes": 1e8, "rank": [0, 1, 2, 0],
+                           "start_s": [0.0, 0.5, 0.2, 2.0], "end_s": [1.0, 1.5, 1.2, 3.0]})
+    # rank 1 overlaps rank 0 behind their switch; rank 2 overlaps them in time but sits behind the other one
+    assert uncontended_copies(copies, "h2d_param", hw).index.tolist() == [2, 3]
+
+
+def test_a_replicated_run_on_shared_switches_keeps_the_link_rates(tmp_path, capsys):
+    """Four ranks fetching the same layers at once on two-GPU switches: every copy shares an uplink, so the
+    refit keeps the base's link rates and says why (it halved them before, and no longer reproduced the run)."""
+    (tmp_path / "p.yaml").write_text("param_route: replicated\n")
+    run = tmp_path / "rep4"
+    assert main(["simulate", "--hardware", "h100-sxm-x4", "--batch", "4", "--policy", str(tmp_path / "p.yaml"),
+                 "--out", str(run)]) == 0
+    base = load_hardware("h100-sxm-x4")
+    record = load_record(run)
+    refit, report = refit_profile(base, [record])
+    assert (refit.gpu.h2d_gbps, refit.gpu.d2h_gbps) == (base.gpu.h2d_gbps, base.gpu.d2h_gbps)
+    assert any("shared its PCIe switch" in w for w in report["warnings"])
+    assert mape(validate([record], refit)) < 1
