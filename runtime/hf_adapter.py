@@ -16,9 +16,7 @@ from torch import nn
 
 from slidedp.config_io import quote, read_mapping
 from slidedp.errors import SlideDPError
-from slidedp.model_spec import ModelSpec, config_json_path
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+from slidedp.model_spec import SUPPORTED_MODEL_TYPES, ModelSpec, config_json_path
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,10 @@ SIZE_BOUNDS: dict[str, int] = {"layers": 4096, "hidden": 2**18, "ffn": 2**20, "h
                                "head_dim": 2**12, "vocab": 2**24}
 
 
+# The architectures whose decoder layer ModelSpec lists operation by operation and the runtime builds.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Architecture of a Llama/Qwen-style decoder (RMSNorm, GQA attention, SwiGLU MLP)."""
@@ -266,24 +270,39 @@ class ModelSpec:
         """Build from a Hugging Face config.json dict (Llama, Mistral, Qwen2/2.5, Qwen3)."""
         if not isinstance(cfg, dict):
             raise SlideDPError(f"model {quote(name)}: config must be a JSON object")
+        model_type = cfg.get("model_type")
+        if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
+            # another architecture's layer is not the one priced here (nor one the runtime builds)
+            raise SlideDPError(f"model {quote(name)}: model_type {quote(model_type)} is not supported "
+                               f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
         filled = _transformers_defaults(cfg)
         cfg = {**filled, **{k: v for k, v in cfg.items() if v is not None}}
+        def size(key: str) -> int:
+            """A size as config.json must give it: an integer (JSON may write 4096.0), never true or 256.5."""
+            value = cfg[key]
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SlideDPError(f"model {quote(name)}: config.json's {key} must be an integer, got "
+                                   f"{quote(value)}")
+            return value
+
         try:
-            hidden = int(cfg["hidden_size"])
-            heads = int(cfg["num_attention_heads"])
+            hidden = size("hidden_size")
+            heads = size("num_attention_heads")
             if cfg.get("head_dim") is None and heads and hidden % heads:
                 raise SlideDPError(f"model {quote(name)}: hidden_size {hidden} is not a multiple of "
                                    f"num_attention_heads {heads} and config.json gives no head_dim")
             spec = cls(
                 name=name,
-                layers=int(cfg["num_hidden_layers"]),
+                layers=size("num_hidden_layers"),
                 hidden=hidden,
-                ffn=int(cfg["intermediate_size"]),
+                ffn=size("intermediate_size"),
                 heads=heads,
-                kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                kv_heads=size("num_key_value_heads") if cfg.get("num_key_value_heads") else heads,
                 # an explicit head_dim is what transformers uses, even 0 (refused below): never a silent default
-                head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") is not None else (hidden // heads if heads else 0),
-                vocab=int(cfg["vocab_size"]),
+                head_dim=size("head_dim") if cfg.get("head_dim") is not None else (hidden // heads if heads else 0),
+                vocab=size("vocab_size"),
                 tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 qk_norm=str(cfg.get("model_type", "")).startswith("qwen3"),
                 attn_bias=bool(cfg.get("attention_bias", str(cfg.get("model_type", "")) == "qwen2")),
@@ -346,4 +365,6 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
         cfg = read_mapping(path, "model config")
     except SlideDPError as exc:
         raise SlideDPError(f"cannot read model config {str(path)!r}: {str(exc).split(': ', 1)[-1]}") from None
-    return ModelSpec.from_hf_config(cfg, name=path.parent.name or path.stem)
+    # a directory's config.json is named by its directory, any other file by itself
+    return ModelSpec.from_hf_config(cfg, name=(path.parent.name or path.stem) if path.name == "config.json"
+                                    else path.stem)

@@ -64,5 +64,5 @@ def test_from_mapping_rejects_nested_garbage():
 @pytest.mark.parametrize("key", ["num_hidden_layers", "num_key_value_heads", "hidden_size", "vocab_size"])
 def test_model_config_refuses_an_infinite_size(key):
     """Found by the fuzz above: float('inf') from a JSON 'Infinity' raised OverflowError out of int()."""
-    with pytest.raises(SlideDPError, match="non-numeric size"):
+    with pytest.raises(SlideDPError, match=f"{key} must be an integer, got inf"):
         ModelSpec.from_hf_config({**TINY["qwen3"], key: float("inf")}, "inf")

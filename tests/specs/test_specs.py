@@ -65,7 +65,10 @@ def test_activation_policies_order_memory():
 
 @pytest.mark.parametrize("cfg, message", [
     ({"hidden_size": 64}, "lacks required key"),
-    ({**MODEL_PRESETS["qwen3-8b"], "hidden_size": "big"}, "non-numeric"),
+    ({**MODEL_PRESETS["qwen3-8b"], "hidden_size": "big"}, "hidden_size must be an integer, got 'big'"),
+    ({**MODEL_PRESETS["qwen3-8b"], "hidden_size": True}, "hidden_size must be an integer, got True"),
+    ({**MODEL_PRESETS["qwen3-8b"], "intermediate_size": 256.5}, "intermediate_size must be an integer"),
+    ({**MODEL_PRESETS["qwen3-8b"], "model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
     ({**MODEL_PRESETS["qwen3-8b"], "num_hidden_layers": 0}, "layers must be a positive integer"),
     ({**MODEL_PRESETS["qwen3-8b"], "num_key_value_heads": 5}, "multiple of kv_heads"),
 ])
