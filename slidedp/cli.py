@@ -38,9 +38,11 @@ def add_problem_args(p: argparse.ArgumentParser, batch_default: int | None = 32)
     p.add_argument("--batch", type=positive_int, default=batch_default,
                    help="global batch in sequences per optimizer step")
     p.add_argument("--gpu-budget", type=positive_float, metavar="GIB",
-                   help="GPU memory budget per GPU in GiB (default: the GPU's memory)")
+                   help="GPU memory budget per GPU in GiB (default: 92%% of the GPU's memory to plan slidedp; all "
+                        "of it for a peer's or a sweep's fit)")
     p.add_argument("--host-limit", type=positive_float, metavar="GIB",
-                   help="host memory limit in GiB (default: 90%% of the host's memory)")
+                   help="host memory limit in GiB (default: 90%% of the host's memory to plan slidedp; all of it for "
+                        "a peer's or a sweep's fit)")
 
 
 def add_span_arg(p: argparse.ArgumentParser) -> None:

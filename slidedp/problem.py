@@ -53,6 +53,17 @@ def resolve_budget(hw: HardwareProfile, gpu_budget_gib: float | None, host_limit
     return Budget(gpu, host)
 
 
+def capacity_budget(hw: HardwareProfile, gpu_budget_gib: float | None, host_limit_gib: float | None) -> Budget:
+    """Whether a run fits at all: a peer's predicted run, a sweep's rows. The GPU's and the host's whole memory
+    unless limits are given; planning (:func:`resolve_budget`) keeps margins below both, but a prediction of
+    what a system does holds it to what the machine has (DeepSpeed ZeRO-2-Offload ran Qwen3-4B at 115.9 GiB RSS
+    on h200-x1's 125.8 GiB host, above the planning margin's 113.2; benchmarks/RESULTS.md)."""
+    gpu = (gpu_budget_gib if gpu_budget_gib is not None else hw.gpu.memory_gib) * GIB
+    if gpu > hw.gpu.memory_gib * GIB:
+        raise SlideDPError(f"--gpu-budget {gpu_budget_gib} GiB exceeds the GPU's {hw.gpu.memory_gib} GiB")
+    return Budget(gpu, (host_limit_gib if host_limit_gib is not None else hw.host.memory_gib) * GIB)
+
+
 def resolve_policy(path: str | None, batch: int, hw: HardwareProfile, hosts: int = 1) -> Policy:
     if path is None:
         return default_policy(batch, hw.num_gpus * hosts)

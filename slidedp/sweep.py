@@ -18,7 +18,7 @@ from slidedp.model import estimate_step
 from slidedp.model_spec import ModelSpec
 from slidedp.peers import SLIDEDP, check_system, estimate_peer_memory, peer_step, simulate_peer
 from slidedp.policy import Policy
-from slidedp.problem import Budget
+from slidedp.problem import Budget, capacity_budget
 from slidedp.sim import simulate
 from slidedp.state_choice import AUTO, choose_state, measured_states, state_options
 from slidedp.state_precision import EXACT
@@ -55,15 +55,16 @@ def fit_batch(policy: Policy, per_rank: int) -> Policy:
 def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batches: Sequence[int],
               gpus: Sequence[int], policies: Sequence[tuple[str, Policy]], gpu_budget_gib: float | None = None,
               simulate_points: bool = True, progress: Callable[[int, int], None] | None = None,
-              systems: Sequence[str] = (SLIDEDP,), states: Sequence[str] = ("fp32",), hosts: int = 1) -> pd.DataFrame:
+              systems: Sequence[str] = (SLIDEDP,), states: Sequence[str] = ("fp32",), hosts: int = 1,
+              host_limit_gib: float | None = None) -> pd.DataFrame:
     """One row per (seq, batch, gpus, system, policy, host-state precision); batches that the GPU count (times
     ``hosts``) does not divide are skipped.
 
     ``policies`` apply to SlideDP, in each of ``states`` (StatePrecision names, or ``auto``: the mode
     slidedp.state_choice picks at that point); every other system runs as that peer does. The analytical model
     covers SlideDP only, so ``simulate_points=False`` refuses peers. ``fits``: the GPU peak within the GPU budget
-    (default: the GPU's whole memory) and the host memory within the host's whole memory (simulate and tune plan
-    with margins below both: slidedp.problem)."""
+    and the host memory within ``host_limit_gib`` (default: the GPU's and the host's whole memory,
+    slidedp.problem.capacity_budget; simulate and tune plan SlideDP with margins below both)."""
     for g in gpus:
         if g > hw.num_gpus:
             raise SlideDPError(f"GPU count {g} exceeds the {hw.num_gpus} GPU(s) of {hw.name!r}")
@@ -79,8 +80,7 @@ def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batche
     grid = [(s, b, g, e) for s, b, g, e in itertools.product(seqs, batches, gpus, entries) if b % (g * hosts) == 0]
     if not grid:
         raise SlideDPError("no grid point has a batch divisible by its GPU count")
-    budget = Budget((gpu_budget_gib if gpu_budget_gib is not None else hw.gpu.memory_gib) * GIB,
-                    hw.host.memory_gib * GIB)
+    budget = capacity_budget(hw, gpu_budget_gib, host_limit_gib)
     rows = []
     for i, (seq, batch, g, (system, name, policy, state)) in enumerate(grid):
         machine = hw if g == hw.num_gpus else hw.with_gpus(g)

@@ -28,7 +28,7 @@ from slidedp.peers import (
     peer_workload,
     simulate_peer,
 )
-from slidedp.problem import Budget, resolve_budget, resolve_hardware, resolve_problem
+from slidedp.problem import Budget, capacity_budget, resolve_budget, resolve_hardware, resolve_problem
 from slidedp.report.rundir import write_run_dir
 from slidedp.run_summary import AnalyticalStep, MemorySummary, RunSummary, SimulatedStep, span_field
 from slidedp.sim import SimResult, simulate
@@ -202,7 +202,7 @@ def run_peer_simulate(args: argparse.Namespace) -> int:
     hw = resolve_hardware(args.hardware, args.gpus)
     step = peer_step(args.system, spec, hw, args.seq, args.batch)
     w = step.w
-    budget = resolve_budget(hw, args.gpu_budget, args.host_limit)
+    budget = capacity_budget(hw, args.gpu_budget, args.host_limit)  # a prediction of the peer's run, not a plan
     mem = estimate_peer_memory(step)
     problems = mem.shortfalls(budget.gpu_bytes, budget.host_bytes)
     if problems:

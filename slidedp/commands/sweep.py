@@ -63,7 +63,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
                           simulate_points=not args.analytical, progress=progress,
                           systems=getattr(args, "systems", None) or ["slidedp"],
                           states=tuple(dict.fromkeys(getattr(args, "state", None) or ["fp32"])),
-                          hosts=getattr(args, "hosts", 1))
+                          hosts=getattr(args, "hosts", 1), host_limit_gib=args.host_limit)
     out.parent.mkdir(parents=True, exist_ok=True)
     table.to_parquet(out, index=False) if out.suffix == ".parquet" else table.to_csv(out, index=False)
     console = Console()
