@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -200,6 +201,9 @@ class Trainer:
         if s.cache_dir:
             check_output_dir(s.cache_dir, "--cache-dir")
         if s.export_hf:
+            if Path(s.export_hf).resolve() == Path(s.out).resolve():
+                raise SlideDPError(f"--export-hf {str(s.export_hf)!r} is the run directory --out: export the model "
+                                   f"to a directory of its own (e.g. {str(Path(s.out) / 'hf')!r})")
             _check_export_dir(Path(s.export_hf))
         if s.policy.update_schedule == "as_ready" and s.on_nonfinite == "skip":
             # as_ready applies each chunk's update as its gradient lands, before the step's norm is known: a
@@ -210,10 +214,10 @@ class Trainer:
         device = s.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device not in ("cpu",) and not re.fullmatch(r"cuda(:\d+)?", device):
+            raise SlideDPError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise SlideDPError("--device cuda was asked for but no CUDA device is available")
-        if device not in ("cpu",) and not device.startswith("cuda"):
-            raise SlideDPError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
         self.rank = int(os.environ.get("RANK", "0")) if s.world > 1 else 0
         if device.startswith("cuda") and s.world > 1:
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) // s.ranks_per_gpu}"

@@ -65,6 +65,7 @@ def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batche
     covers SlideDP only, so ``simulate_points=False`` refuses peers. ``fits``: the GPU peak within the GPU budget
     and the host memory within ``host_limit_gib`` (default: the GPU's and the host's whole memory,
     slidedp.problem.capacity_budget; simulate and tune plan SlideDP with margins below both)."""
+    seqs, batches, gpus = (list(dict.fromkeys(values)) for values in (seqs, batches, gpus))  # one row per point
     for g in gpus:
         if g > hw.num_gpus:
             raise SlideDPError(f"GPU count {g} exceeds the {hw.num_gpus} GPU(s) of {hw.name!r}")

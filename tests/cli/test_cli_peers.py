@@ -87,3 +87,10 @@ def test_a_peer_fits_by_the_machines_whole_memory_and_every_fit_takes_the_limits
         argv = ["sweep", *zero2, "--batches", "1", "--systems", "zero2-offload", "--out", str(out)]
         assert run(capsys, *argv, *(["--host-limit", limit] if limit else []))[0] == 0
         assert pd.read_csv(out)["fits"].tolist() == [fits]
+
+
+def test_a_sweep_point_given_twice_is_one_row(tmp_path, capsys):
+    out = tmp_path / "s.csv"
+    assert run(capsys, "sweep", "--model", "qwen3-0.6b", "--hardware", "h200-x1", "--batches", "4", "4", "2", "4",
+               "--seqs", "1024", "1024", "--policies", "sharded", "--analytical", "--out", str(out))[0] == 0
+    assert pd.read_csv(out)["batch"].tolist() == [4, 2]
