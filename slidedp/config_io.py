@@ -33,6 +33,36 @@ def quote(value: Any) -> str:
     return text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + f"... ({len(text)} chars)"
 
 
+class DuplicateKey(ValueError):
+    """A key given twice in one mapping of a config: YAML and JSON keep the last silently; refused instead."""
+
+
+def _unique_json_keys(pairs: list[tuple[str, Any]]) -> dict:
+    seen: dict = {}
+    for key, value in pairs:
+        if key in seen:
+            raise DuplicateKey(f"key {key!r} is given twice")
+        seen[key] = value
+    return seen
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (a policy with two param_route lines)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # ``<<: *anchor``: its keys may be overridden here, which is not a key given twice
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool)):
+                continue  # an unhashable key: the base loader names that error
+            if key in seen:
+                raise DuplicateKey(f"key {key!r} is given twice (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_mapping(path: str | Path, what: str) -> dict:
     """Parse a YAML or JSON file that must hold a mapping."""
     path = Path(path)
@@ -47,13 +77,13 @@ def read_mapping(path: str | Path, what: str) -> dict:
         raise SlideDPError(f"cannot read {what} file {str(path)!r}: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         if path.suffix == ".json":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_json_keys)
         else:
             aliases = sum(isinstance(t, yaml.AliasToken) for t in yaml.scan(text, Loader=yaml.SafeLoader))
             if aliases > MAX_ALIASES:
                 raise SlideDPError(f"{what} file {str(path)!r} uses {aliases} YAML aliases (at most {MAX_ALIASES}): "
                                    f"refusing an expansion bomb")
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader that refuses duplicate keys
     except RecursionError:
         raise SlideDPError(f"malformed {what} file {str(path)!r}: nested too deeply") from None
     except (ValueError, yaml.YAMLError) as exc:  # JSONDecodeError is a ValueError, so are 5,000-digit integers

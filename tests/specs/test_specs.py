@@ -157,6 +157,24 @@ def test_malformed_yaml_files(tmp_path):
         load_hardware("tpu-v9")
 
 
+
+def test_a_key_given_twice_is_refused_in_yaml_and_json(tmp_path):
+    """YAML and JSON keep the last of two equal keys silently; a policy with two param_route lines is refused.
+    A YAML merge key's values may still be overridden (that is not a key given twice)."""
+    policy = tmp_path / "p.yaml"
+    policy.write_text("param_route: replicated\nmicro_batch: 1\nparam_route: sharded\n")
+    with pytest.raises(SlideDPError, match="key 'param_route' is given twice \\(line 3\\)"):
+        Policy.load(policy)
+    config = tmp_path / "config.json"
+    config.write_text('{"hidden_size": 64, "hidden_size": 128}')
+    with pytest.raises(SlideDPError, match="key 'hidden_size' is given twice"):
+        load_model_spec(str(config))
+    from slidedp.config_io import read_mapping
+
+    policy.write_text("a: &b {x: 1, y: 2}\nc:\n  <<: *b\n  x: 3\n")
+    assert read_mapping(policy, "test")["c"] == {"x": 3, "y": 2}
+
+
 def test_policy_round_trip_and_errors(tmp_path):
     policy = Policy(param_route="replicated", grad_route="per_rank", chunks_per_layer=8, activation="offload",
                     micro_batch=2, accumulation=3, adam_threads=6, update_schedule="as_ready")
