@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from slidedp.errors import SlideDPError
@@ -49,9 +50,14 @@ def validate_trace(df: pd.DataFrame) -> pd.DataFrame:
     if (df["end_s"] < df["start_s"]).any():
         raise SlideDPError("trace has an operation that ends before it starts")
     try:
-        return df[list(TRACE_COLUMNS)].astype(_DTYPES)
+        df = df[list(TRACE_COLUMNS)].astype(_DTYPES)
     except (TypeError, ValueError) as exc:
         raise SlideDPError(f"trace has a column of the wrong type: {exc}") from None
+    if df.empty:
+        raise SlideDPError("trace holds no operations")
+    if not np.isfinite(df[["start_s", "end_s"]].to_numpy(dtype=float)).all():
+        raise SlideDPError("trace has an operation without a finite start and end time")
+    return df
 
 
 def load_trace(path: str | Path) -> pd.DataFrame:

@@ -159,6 +159,20 @@ def test_a_broken_exposure_csv_is_one_line_for_report_and_validate(sim_result, t
     assert not (tmp_path / "rep").exists()  # nothing half-written
 
 
+@pytest.mark.parametrize("broken, message", [("empty", "trace holds no operations"),
+                                             ("nan", "without a finite start and end time")])
+def test_a_trace_without_operations_or_times_is_one_line(sim_result, tmp_path, capsys, broken, message):
+    """report drew two figures of three for such a trace, without saying why."""
+    from slidedp.trace import save_trace
+
+    trace = sim_result.trace.iloc[:0] if broken == "empty" else sim_result.trace.assign(end_s=np.nan)
+    save_trace(trace, tmp_path / "t.parquet")
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "t.parquet"), "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
 def test_a_table_cell_is_quoted_as_python_has_it(tmp_path):
     from slidedp.errors import SlideDPError
     from slidedp.report.tables import read_table
