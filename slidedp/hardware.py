@@ -379,6 +379,8 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
         path = presets[key]
     else:
         path = Path(name_or_path)
+        if path.exists() and not path.is_file():
+            raise SlideDPError(f"hardware {name_or_path!r} is not a profile file (a directory or other special file)")
         if not path.is_file():
             raise SlideDPError(f"unknown hardware {name_or_path!r}: not a preset ({', '.join(presets)}) "
                                "nor an existing profile file")

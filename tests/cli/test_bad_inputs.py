@@ -191,6 +191,7 @@ CASES: list[list[str]] = [
     [*TRAIN, "--model", "{good}", "--export-hf", "{tmp}/run"],
     [*TRAIN, "--model", "{good}", "--device", "cuda:abc"],
     ["calibrate", "--quick", "--out", "{tmp}/p.txt"],
+    ["simulate", "--hardware", "{tmp}"],
     ["report", "{not_a_trace}", "--out", "{data}/r"],
     ["validate", "{empty_dir}", "--out", "{tmp}/dir.csv"],
     ["calibrate", "--quick", "--out", "{data}/p.yaml"],
