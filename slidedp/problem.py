@@ -46,9 +46,7 @@ def resolve_budget(hw: HardwareProfile, gpu_budget_gib: float | None, host_limit
     """The memory a plan may use. Without ``--gpu-budget``: the usable fraction of the profile's GPU or, where
     the GPU the run will have is known (``device_gib``) and smaller, of that one, so that a profile of a larger
     card (h200-x1's 139 GiB on an 80 GiB H100) does not plan what the card cannot hold."""
-    gpu = (gpu_budget_gib if gpu_budget_gib is not None else GPU_USABLE_FRACTION * gpu_memory_gib(hw, device_gib)) * GIB
-    if gpu > hw.gpu.memory_gib * GIB:
-        raise SlideDPError(f"--gpu-budget {gpu_budget_gib} GiB exceeds the GPU's {hw.gpu.memory_gib} GiB")
+    gpu = _gpu_budget(hw, gpu_budget_gib, GPU_USABLE_FRACTION * gpu_memory_gib(hw, device_gib))
     host = (host_limit_gib if host_limit_gib is not None else HOST_USABLE_FRACTION * hw.host.memory_gib) * GIB
     return Budget(gpu, host)
 
@@ -58,10 +56,15 @@ def capacity_budget(hw: HardwareProfile, gpu_budget_gib: float | None, host_limi
     unless limits are given; planning (:func:`resolve_budget`) keeps margins below both, but a prediction of
     what a system does holds it to what the machine has (DeepSpeed ZeRO-2-Offload ran Qwen3-4B at 115.9 GiB RSS
     on h200-x1's 125.8 GiB host, above the planning margin's 113.2; benchmarks/RESULTS.md)."""
-    gpu = (gpu_budget_gib if gpu_budget_gib is not None else hw.gpu.memory_gib) * GIB
-    if gpu > hw.gpu.memory_gib * GIB:
-        raise SlideDPError(f"--gpu-budget {gpu_budget_gib} GiB exceeds the GPU's {hw.gpu.memory_gib} GiB")
+    gpu = _gpu_budget(hw, gpu_budget_gib, hw.gpu.memory_gib)
     return Budget(gpu, (host_limit_gib if host_limit_gib is not None else hw.host.memory_gib) * GIB)
+
+
+def _gpu_budget(hw: HardwareProfile, given_gib: float | None, default_gib: float) -> float:
+    """Bytes of GPU memory: ``--gpu-budget`` where given (never above the GPU's memory), else the default."""
+    if given_gib is not None and given_gib > hw.gpu.memory_gib:
+        raise SlideDPError(f"--gpu-budget {given_gib} GiB exceeds the GPU's {hw.gpu.memory_gib} GiB")
+    return (given_gib if given_gib is not None else default_gib) * GIB
 
 
 def resolve_policy(path: str | None, batch: int, hw: HardwareProfile, hosts: int = 1) -> Policy:
