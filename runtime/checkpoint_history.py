@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from slidedp.runtime import checkpoint_files
+from slidedp.runtime.run_logs import METRICS_FILE, TB_DIR, WANDB_RUN_FILE
 
 LATEST = "checkpoint"
 SUPERSEDED = "superseded-after-step"
@@ -45,6 +46,18 @@ def kept(out: Path) -> list[tuple[int, Path]]:
 def superseded(out: Path) -> list[Path]:
     """The histories a resume from an earlier step set aside in ``out``."""
     return sorted(p for p in out.glob(SUPERSEDED + "*") if p.is_dir())
+
+
+def training_history(out: Path) -> list[Path]:
+    """What a training run leaves in ``out`` as its history: the latest checkpoint, kept ones, an interrupted
+    save's leftovers, set-aside histories, and its logs (metrics, TensorBoard events, the W&B run id). What
+    marks ``out`` as a training run's directory, for the trainer (--overwrite removes it, with the step's
+    measurement files) and for a simulation, which must not write its files beside it."""
+    current = latest(out)
+    found = [current] if current.exists() or current.is_symlink() else []
+    found += [p for _, p in kept(out)] + checkpoint_files.save_leftovers(current)
+    found += superseded(out)
+    return found + [p for p in (out / METRICS_FILE, out / TB_DIR, out / WANDB_RUN_FILE) if p.exists() or p.is_symlink()]
 
 
 def checkpoint_step(directory: Path) -> int | None:

@@ -44,8 +44,6 @@ from slidedp.runtime.optim import OptimConfig
 from slidedp.runtime.packed_attention import VarlenKernel, example_lengths, torch_varlen_kernel, varlen_available
 from slidedp.runtime.run_logs import (
     METRICS_FILE,
-    TB_DIR,
-    WANDB_RUN_FILE,
     RunLog,
     check_logger,
     copy_rows_after,
@@ -703,12 +701,7 @@ def earlier_run(out: Path) -> list[Path]:
     """What an earlier run left in ``out`` that a new one would mix with its own: its checkpoint, kept
     checkpoints and interrupted saves, metrics, TensorBoard events and measurement files. One list, which
     decides whether ``out`` holds a run and is what --overwrite removes; nothing else in ``out`` is touched."""
-    latest = checkpoint_history.latest(out)
-    found = [latest] if latest.exists() or latest.is_symlink() else []
-    found += [p for _, p in checkpoint_history.kept(out)] + checkpoint_files.save_leftovers(latest)
-    found += checkpoint_history.superseded(out)
-    found += [p for p in (out / METRICS_FILE, out / TB_DIR, out / WANDB_RUN_FILE) if p.exists() or p.is_symlink()]
-    return found + measurement_files(out)
+    return checkpoint_history.training_history(out) + measurement_files(out)
 
 
 def _clear_earlier_run(out: Path) -> list[str]:

@@ -47,13 +47,12 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 def refuse_a_training_run(out: Path) -> None:
     """A simulation writes the run-directory files a training run measured (summary, trace, exposure, policy,
-    profile): into a directory that holds a training run's checkpoint or metrics it would replace them and
-    leave the rest beside them. An earlier simulation's directory is simply written again."""
-    from slidedp.runtime import checkpoint_history
-    from slidedp.runtime.run_logs import METRICS_FILE
+    profile): into a directory that holds a training run's history (checkpoints, logs:
+    checkpoint_history.training_history) it would replace them and leave the rest beside them. An earlier
+    simulation's directory is simply written again."""
+    from slidedp.runtime.checkpoint_history import training_history
 
-    held = [p.name for p in (checkpoint_history.latest(out), out / METRICS_FILE) if p.exists()]
-    held += [p.name for _, p in checkpoint_history.kept(out)]
+    held = [p.name for p in training_history(out)]
     if held:
         raise SlideDPError(f"--out {str(out)!r} holds a training run ({', '.join(held)}); a simulation would "
                            f"replace its measured files: choose another --out")
