@@ -112,6 +112,7 @@ def calibrate_host(base: str, out: Path) -> str:
     (out / "calibration.json").write_text(json.dumps({k: report[k] for k in ("contention", "mem_bw_gbps")
                                                       if k in report} | {
         "adam_gparams_per_s": profile.host.adam_gparams_per_s, "dma_interference": profile.host.dma_interference,
+        "copy_slowdown": profile.host.copy_slowdown, "dma_interference_curve": profile.host.dma_interference_curve,
         "cpu_dram_weight": profile.host.cpu_dram_weight}, indent=1, default=str))
     return str(path)
 

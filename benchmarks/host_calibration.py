@@ -22,7 +22,7 @@ def main() -> int:
     from slidedp.calibration.host_bench import peer_thread_counts
     from slidedp.calibration.measurements import Measurements
     from slidedp.calibration.peer_bench import BF16_IMPLEMENTATIONS, IMPLEMENTATIONS, peer_adam_benchmarks
-    from slidedp.calibration.profile_fit import contention_profile, dram_capacity_gbps
+    from slidedp.calibration.profile_fit import contention_host, dram_capacity_gbps
     from slidedp.hardware import load_hardware
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -50,8 +50,7 @@ def main() -> int:
     host = replace(base.host, mem_bw_gbps=round(capacity, 1),
                    peer_adam_gparams_per_s={**base.host.peer_adam_gparams_per_s, **m.peer_adam_gparams_per_s})
     if m.contention:
-        factors, weight = contention_profile(m.contention, replace(base, host=host))
-        host = replace(host, dma_interference=factors, cpu_dram_weight=weight)
+        host = contention_host(m.contention, replace(base, host=host))
     replace(base, host=host).save(out / "profile.yaml")
     (out / "measured.json").write_text(json.dumps(
         {"peer_adam_gparams_per_s": m.peer_adam_gparams_per_s, "contention": m.contention,

@@ -110,10 +110,17 @@ class ContentionRig:
         return rates
 
 
+def copy_slowdown_threads(cores: int, quick: bool) -> list[int]:
+    """Thread counts below ``cores`` at which the copies are timed beside the pass: 3/4, 1/2, 1/4 and 1/8 of
+    the cores (1/2 only with --quick), so the curve has points across the pass's DRAM traffic."""
+    fractions = (0.5,) if quick else (0.75, 0.5, 0.25, 0.125)
+    return sorted({max(1, round(cores * f)) for f in fractions} - {cores}, reverse=True)
+
+
 def contention_benchmark(m: Measurements, quick: bool) -> None:
-    """The pass alone, with H2D only, D2H only and both copying, and the copies' rates during it with both:
-    what ``profile_fit.contention_profile`` turns into the DRAM capacity, the interference factors and the CPU
-    passes' DRAM weight."""
+    """The pass alone, with H2D only, D2H only and both copying, and the copies' rates during it with both (at
+    every core and at fewer threads): what ``profile_fit.contention_host`` turns into the DRAM capacity, the
+    interference factors, the copies' slowdown curve and the CPU passes' DRAM weight."""
     if not torch.cuda.is_available():
         return
     rig = ContentionRig(2**25 if quick else 2**28)
@@ -130,6 +137,15 @@ def contention_benchmark(m: Measurements, quick: bool) -> None:
                                                   for _ in range(repeats))
     out["dma_gbps_alone"] = statistics.median(sum(rig.copies(("h2d", "d2h"), seconds=1.0).values())
                                               for _ in range(repeats))
+    # The pass and the copies together at fewer threads (less DRAM traffic): how both slowdowns depend on the
+    # pass's traffic, which one all-core point cannot give (profile_fit.copy_slowdown_curve,
+    # profile_fit.interference_curve).
+    for t in copy_slowdown_threads(out["threads"], quick):
+        out[f"adam{t}_alone_s"] = statistics.median(rig.adam(t) for _ in range(repeats))
+        out[f"adam{t}_with_h2d+d2h_s"] = statistics.median(rig.adam_during(("h2d", "d2h"), t)[0]
+                                                           for _ in range(repeats))
+        out[f"dma_gbps_with_adam{t}"] = statistics.median(sum(rig.copies_during_adam(("h2d", "d2h"), t).values())
+                                                          for _ in range(repeats))
     adam_gbps = rig.params * rig.adam_bytes_per_param / out["adam_with_h2d+d2h_s"] / 1e9
     out["total_gbps"] = adam_gbps + out["dma_gbps_with_adam"]
     m.contention = out

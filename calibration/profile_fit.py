@@ -5,6 +5,7 @@ kept from the base profile. No benchmarking here, so the fit can be tested on sy
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 
 from slidedp.calibration.fits import fit_backward_ratios, fit_compute, fit_link, thread_curve
@@ -12,7 +13,7 @@ from slidedp.calibration.measurements import Measurements
 from slidedp.calibration.shape_fit import ShapeSamples, fit_curves
 from slidedp.chips import CHIPS
 from slidedp.errors import SlideDPError
-from slidedp.hardware import HardwareProfile, SwitchSpec
+from slidedp.hardware import HardwareProfile, HostSpec, SwitchSpec
 from slidedp.model_spec import load_model_spec
 from slidedp.resources import ADAM_HOST_BYTES_BASE, FUSED_ADAM_HOST_BYTES, adam_host_bytes_per_param
 
@@ -41,18 +42,63 @@ def duplex_gbps(m: Measurements) -> float | None:
     return m.duplex_gbps or m.contention.get("dma_gbps_alone") or None
 
 
-def contention_profile(c: dict[str, float], hw: HardwareProfile) -> tuple[dict[str, float], float]:
-    """Interference factors and the CPU passes' DRAM weight from ``contention_bench``'s measurements on the host
-    ``hw`` describes (its DRAM capacity, PCIe links and AdamW curve already this host's).
+def contention_host(c: dict[str, float], hw: HardwareProfile) -> HostSpec:
+    """``hw``'s host with its contention fitted from ``contention_bench``'s measurements on it (its DRAM capacity,
+    PCIe links and AdamW curve already this host's): interference factors, the copies' slowdown curve and the CPU
+    passes' DRAM weight.
 
     A factor is the pass's time with copies running in those directions over its time alone (at least 1). The
-    weight is then fitted through the simulator's own sharing (:func:`fit_cpu_dram_weight`), so that the
-    calibration experiment it came from is reproduced."""
+    slowdown curve is :func:`copy_slowdown_curve`. The weight is then fitted through the simulator's own sharing
+    (:func:`fit_cpu_dram_weight`), so that the calibration experiment it came from is reproduced."""
     alone = c["adam_alone_s"]
     factors = {dirs: max(1.0, round(c[f"adam_with_{dirs}_s"] / alone, 3)) for dirs in ("h2d", "d2h", "h2d+d2h")
                if c.get(f"adam_with_{dirs}_s")}
-    with_factors = replace(hw, host=replace(hw.host, dma_interference=factors))
-    return factors, fit_cpu_dram_weight(with_factors, c)
+    host = replace(hw.host, dma_interference=factors, copy_slowdown=copy_slowdown_curve(c),
+                   dma_interference_curve=interference_curve(c))
+    return replace(host, cpu_dram_weight=fit_cpu_dram_weight(replace(hw, host=host), c))
+
+
+def _by_thread_count(c: dict[str, float], factor_at: Callable[[str], float | None]) -> dict[int, float]:
+    """A slowdown curve keyed by the pass's DRAM traffic alone (GB/s) at each thread count timed (the all-core
+    run, prefix "", and each ``adam<T>_alone_s``): ``factor_at(prefix)`` at least 1, thread counts whose passes
+    move the same whole GB/s averaged. Empty without the pass's size."""
+    per_param, params = c.get("adam_bytes_per_param"), c.get("params")
+    if not (per_param and params):
+        return {}
+    prefixes = [""] + [key[4:-8] for key in c if key.startswith("adam") and key.endswith("_alone_s")
+                       and key[4:-8].isdigit()]
+    by_traffic: dict[int, list[float]] = {}
+    for t in prefixes:
+        seconds, factor = c.get(f"adam{t}_alone_s"), factor_at(t)
+        if seconds and factor:
+            traffic = round(params * per_param / seconds / 1e9)
+            if traffic > 0:
+                by_traffic.setdefault(traffic, []).append(max(1.0, factor))
+    return {gbps: round(sum(f) / len(f), 3) for gbps, f in sorted(by_traffic.items())}
+
+
+def copy_slowdown_curve(c: dict[str, float]) -> dict[int, float]:
+    """The copies' slowdown beside the pass (HostSpec.copy_slowdown): at each thread count timed, their rate alone
+    over their rate during the pass. Empty where the copies were not timed beside the pass."""
+    alone = c.get("dma_gbps_alone")
+
+    def factor(t: str) -> float | None:
+        during = c.get(f"dma_gbps_with_adam{t}")
+        return alone / during if alone and during else None
+
+    return _by_thread_count(c, factor)
+
+
+def interference_curve(c: dict[str, float]) -> dict[int, float]:
+    """The pass's slowdown with both copy directions running (HostSpec.dma_interference_curve): at each thread
+    count timed, its time with them over its time alone. Empty with the all-core point only (it is then
+    dma_interference itself, and a curve of one point would scale nothing)."""
+    def factor(t: str) -> float | None:
+        alone, with_copies = c.get(f"adam{t}_alone_s"), c.get(f"adam{t}_with_h2d+d2h_s")
+        return with_copies / alone if alone and with_copies else None
+
+    curve = _by_thread_count(c, factor)
+    return curve if len(curve) > 1 else {}
 
 
 CPU_DRAM_WEIGHT_RANGE = (1.0, 100.0)  # what slidedp.hardware accepts
@@ -169,9 +215,7 @@ def profile_from(base: HardwareProfile, m: Measurements) -> tuple[HardwareProfil
             switches = (SwitchSpec(tuple(range(gpus)), together),)
             report["shared_uplink_gbps"] = together
     if m.contention:  # last: the weight is fitted through the simulator on this host's links and DRAM
-        factors, weight = contention_profile(m.contention, replace(base, gpu=gpu, host=host, link=link,
-                                                                   switches=switches))
-        host = replace(host, dma_interference=factors, cpu_dram_weight=weight)
+        host = contention_host(m.contention, replace(base, gpu=gpu, host=host, link=link, switches=switches))
     try:
         with open("/proc/meminfo") as fh:
             total = next(int(line.split()[1]) for line in fh if line.startswith("MemTotal:"))

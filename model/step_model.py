@@ -54,9 +54,9 @@ _BESIDE_THE_UPDATE = {"as_ready": "h2d+d2h", "next_forward": "h2d", "after_backw
 
 def _update_interference(w: StepWorkload, demands: dict[str, float] | None) -> float:
     """How much slower the CPU update runs, on average, for the copies beside it: the host's measured
-    interference factor (HostSpec.dma_interference) for the time those copies run (their busiest direction's
-    demand over the step's)."""
-    factor = w.hw.host.interference(_BESIDE_THE_UPDATE[w.policy.update_schedule])
+    interference factor (HostSpec.interference at the update's own DRAM traffic) for the time those copies run
+    (their busiest direction's demand over the step's)."""
+    factor = w.hw.host.interference(_BESIDE_THE_UPDATE[w.policy.update_schedule], w.adam_cap())
     if factor == 1.0 or demands is None:
         return 1.0
     dirs = _BESIDE_THE_UPDATE[w.policy.update_schedule].split("+")

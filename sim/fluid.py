@@ -12,8 +12,11 @@ H200 (benchmarks/RESULTS.md, fifth session): an AdamW pass ran 1.45-1.55x slower
 8 and 16 threads alike, even where DRAM had bandwidth left (interference, not bandwidth), and the copies got what
 the pass left. So when ``classify`` is given (slidedp.resources.flow_class), a CPU pass's cap is divided by the
 interference factor of the copy directions active at that instant (``interference``) and it weighs
-``cpu_weight`` times its solo rate; without it every flow is "other" and weighs its solo rate. Hosts whose
-contention was not measured keep factor and weight 1: proportional sharing.
+``cpu_weight`` times its solo rate; without it every flow is "other" and weighs its solo rate. The other way
+round, the capacities only copies cross (PCIe directions, duplex, switch uplinks) are divided by
+``copy_slowdown`` of the CPU passes' summed solo DRAM traffic at that instant (HostSpec.copy_slowdown: copies
+lose rate beside a pass even where DRAM has room). Hosts whose
+contention was not measured keep factors and weight 1: proportional sharing.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from collections.abc import Callable
 import simpy
 
 from slidedp.hardware import HardwareProfile
-from slidedp.resources import CPU_PASS, dma_usage, flow_class, resource_capacities
+from slidedp.resources import COPY_RESOURCE_PREFIXES, CPU_PASS, dma_usage, flow_class, resource_capacities
 
 _EPS = 1e-12
 
@@ -45,12 +48,15 @@ class _Flow:
 class FluidNetwork:
     def __init__(self, env: simpy.Environment, capacities: dict[str, float],
                  classify: Callable[[dict[str, float]], str] | None = None,
-                 interference: Callable[[str], float] | None = None, cpu_weight: float = 1.0):
+                 interference: Callable[[str, float], float] | None = None, cpu_weight: float = 1.0,
+                 copy_slowdown: Callable[[float], float] | None = None):
         self.env = env
         self.classify, self.interference, self.cpu_weight = classify, interference, cpu_weight
+        self.copy_slowdown = copy_slowdown
         self.names = list(capacities)
         self.index = {name: i for i, name in enumerate(self.names)}
         self.capacity = [capacities[n] for n in self.names]
+        self.copy_resources = frozenset(i for i, n in enumerate(self.names) if n.startswith(COPY_RESOURCE_PREFIXES))
         self.busy_bytes = [0.0] * len(self.names)  # resource-bytes served, for utilisation
         self.flows: list[_Flow] = []
         self._last = 0.0
@@ -115,13 +121,14 @@ class FluidNetwork:
             self._reschedule()
 
     def _allocate(self) -> None:
-        allocate(self.flows, self.capacity, self.interference, self.cpu_weight)
+        allocate(self.flows, self.capacity, self.interference, self.cpu_weight, self.copy_slowdown,
+                 self.copy_resources)
 
 def host_network(env: simpy.Environment, hw: HardwareProfile, hosts: int = 1) -> FluidNetwork:
     """The network every simulation of ``hw`` runs on: its resources (its NICs too over several hosts), CPU
     passes classified and slowed by the host's measured DMA interference."""
     return FluidNetwork(env, resource_capacities(hw, hosts), flow_class, hw.host.interference,
-                        hw.host.cpu_dram_weight)
+                        hw.host.cpu_dram_weight, hw.host.copy_slowdown_at)
 
 
 def run_flows(hw: HardwareProfile, flows: dict[str, tuple[float, dict[str, float], float]],
@@ -157,22 +164,30 @@ def pass_beside_copies(hw: HardwareProfile, pass_bytes: float, pass_cap: float,
     return run_flows(hw, flows, until="cpu")
 
 
-def _solo_weight(f: _Flow, capacity: list[float], cpu_weight: float) -> float:
-    """How fast ``f`` grows relative to the others while they share: its solo rate (the rate it would reach
-    alone, at its current limit), times ``cpu_weight`` for a CPU pass."""
-    rate = f.limit
+def _solo_rate(f: _Flow, capacity: list[float], cap: float) -> float:
+    """The rate ``f`` would reach alone at limit ``cap``: the cap or its slowest resource."""
+    rate = cap
     for i, k in f.usage:
         if k > 0:
             rate = min(rate, capacity[i] / k)
+    return rate
+
+
+def _solo_weight(f: _Flow, capacity: list[float], cpu_weight: float) -> float:
+    """How fast ``f`` grows relative to the others while they share: its solo rate (the rate it would reach
+    alone, at its current limit), times ``cpu_weight`` for a CPU pass."""
+    rate = _solo_rate(f, capacity, f.limit)
     rate = rate if math.isfinite(rate) and rate > 0 else 1.0
     return rate * cpu_weight if f.kind == CPU_PASS else rate
 
 
-def allocate(flows: list[_Flow], capacity: list[float], interference: Callable[[str], float] | None,
-             cpu_weight: float = 1.0) -> None:
+def allocate(flows: list[_Flow], capacity: list[float], interference: Callable[[str, float], float] | None,
+             cpu_weight: float = 1.0, copy_slowdown: Callable[[float], float] | None = None,
+             copy_resources: frozenset[int] = frozenset()) -> None:
     """Set every flow's rate. Weighted progressive filling: every unfrozen flow grows in proportion to its weight
     until a resource saturates or a flow reaches its limit; freeze those, repeat. A CPU pass's limit is its cap
-    divided by the interference of the copy directions running now."""
+    divided by the interference of the copy directions running now; the ``copy_resources`` serve copies the
+    slowdown the CPU passes running now cause less."""
     if not flows:
         return
     left: dict[int, float] = {}
@@ -184,10 +199,15 @@ def allocate(flows: list[_Flow], capacity: list[float], interference: Callable[[
         for i, _ in f.usage:
             left[i] = capacity[i]
     if interference is not None:
-        factor = interference("+".join(d for d in ("h2d", "d2h") if d in dirs))
+        running = "+".join(d for d in ("h2d", "d2h") if d in dirs)
         for f in flows:
             if f.kind == CPU_PASS:
-                f.limit = f.cap / factor
+                f.limit = f.cap / interference(running, _solo_rate(f, capacity, f.cap))
+    if copy_slowdown is not None and copy_resources:
+        cpu_traffic = sum(_solo_rate(f, capacity, f.cap) for f in flows if f.kind == CPU_PASS)
+        slowdown = copy_slowdown(cpu_traffic) if math.isfinite(cpu_traffic) else 1.0
+        for i in copy_resources & left.keys():
+            left[i] = capacity[i] / slowdown
     weight_of = {id(f): _solo_weight(f, capacity, cpu_weight) for f in flows}
     active = flows
     while active:

@@ -63,6 +63,28 @@ def interpolate_curve(curve: dict[int, float], threads: int) -> float:
     return y0 + (y1 - y0) * (threads - x0) / (x1 - x0)
 
 
+def slowdown_curve_at(curve: dict[int, float], gbps: float) -> float:
+    """A slowdown factor at ``gbps`` of CPU-pass DRAM traffic from a curve measured at a few traffics (GB/s ->
+    factor >= 1): 1 at no traffic, linear from there to the first point and between points, flat beyond the
+    last; 1 where nothing was measured."""
+    if not curve or gbps <= 0:
+        return 1.0
+    xs = sorted(curve)
+    if gbps >= xs[-1]:
+        return curve[xs[-1]]
+    i = bisect.bisect_right(xs, gbps)
+    x0, y0 = (xs[i - 1], curve[xs[i - 1]]) if i else (0, 1.0)
+    return y0 + (curve[xs[i]] - y0) * (gbps - x0) / (xs[i] - x0)
+
+
+def _check_slowdown_curve(where: str, curve: dict[int, float]) -> None:
+    for gbps, factor in curve.items():
+        if not (isinstance(gbps, int) and gbps > 0 and isinstance(factor, (int, float)) and math.isfinite(factor)
+                and 1.0 <= factor <= 100.0):
+            raise SlideDPError(f"{where}: each entry is <CPU passes' GB/s>: <factor between 1 and 100>, "
+                               f"got {quote(gbps)}: {quote(factor)}")
+
+
 def linear_seconds(flops, tokens, matmul_tflops: float, half_efficiency_tokens: float):
     """Time of a layer's linears: the matmul rate saturates with tokens per kernel, reaching half of
     ``matmul_tflops`` at ``half_efficiency_tokens``. A scalar token count of 0 or less (unknown) means the full
@@ -165,9 +187,22 @@ class HostSpec:
     # a factor >= 1 measured by calibration.contention_bench (DMA writes and reads slow the cores' memory
     # accesses even where DRAM has bandwidth left). Missing directions: no slowdown.
     dma_interference: dict[str, float] = field(default_factory=dict)
+    # The same factor with both copy directions running, measured beside passes of several thread counts and keyed
+    # by the pass's own DRAM traffic alone (GB/s): a pass that moves less is slowed less (1.26x at 5 threads, 1.37x
+    # at 16 on a lent H100 host). Every direction set's factor is scaled by it in its excess over 1 (see
+    # interference). Empty: the factors above at every thread count.
+    dma_interference_curve: dict[int, float] = field(default_factory=dict)
     # How much harder a CPU pass presses on host DRAM than a copy of the same solo rate when they share it
     # (sim.fluid): 1 = proportional sharing (hosts not measured); calibration.contention_bench fits it.
     cpu_dram_weight: float = 1.0
+    # How much slower a host<->GPU copy runs beside CPU passes that, alone, would move this much host DRAM
+    # traffic (GB/s, the key) than with the CPU idle: a factor >= 1 measured by calibration.contention_bench at
+    # several thread counts of the AdamW pass, interpolated linearly in that traffic (1 at none, flat beyond the
+    # largest). Why the passes' traffic and not DRAM capacity: on a lent H100 host each copy kept ~33 GB/s of its
+    # 46.8 beside a pass of 10, 11 or 15 threads while DRAM carried 195-199 of its 218 GB/s, and 39.8 beside 5
+    # threads; sharing capacity alone predicted 42-47 (benchmarks/RESULTS.md, "Twentieth session's device calls").
+    # Empty (hosts not measured): copies slow only where DRAM is full.
+    copy_slowdown: dict[int, float] = field(default_factory=dict)
     # The one-pass update rate of each compact host-state mode (slidedp.state_precision names such as
     # ``fp32+int8``) as a thread curve like ``adam_gparams_per_s`` (which is the ``fp32`` mode's), measured by
     # calibration or rescaled from runs of that mode (calibration.from_run.refit_state_update_rates). A mode
@@ -212,6 +247,8 @@ class HostSpec:
                 raise SlideDPError(f"host.dma_interference.{dirs} must be a factor between 1 and 100, "
                                    f"got {quote(factor)}")
 
+        _check_slowdown_curve("host.copy_slowdown", self.copy_slowdown)
+        _check_slowdown_curve("host.dma_interference_curve", self.dma_interference_curve)
         if not (isinstance(self.cpu_dram_weight, (int, float)) and 1.0 <= self.cpu_dram_weight <= 100.0):
             raise SlideDPError(f"host.cpu_dram_weight must be between 1 and 100, got {quote(self.cpu_dram_weight)}")
         if not (isinstance(self.step_update_factor, (int, float)) and 0.25 <= self.step_update_factor <= 10.0):
@@ -222,9 +259,22 @@ class HostSpec:
                 raise SlideDPError(f"host.update_call_us.{mode} must be between 0 and 100000 (microseconds), "
                                    f"got {quote(us)}")
 
-    def interference(self, directions: str) -> float:
-        """The slowdown of a CPU pass while copies run in ``directions`` ("" when none)."""
-        return self.dma_interference.get(directions, 1.0) if directions else 1.0
+    def interference(self, directions: str, cpu_bytes_per_s: float | None = None) -> float:
+        """The slowdown of a CPU pass while copies run in ``directions`` ("" when none): the measured factor,
+        its excess over 1 scaled by ``dma_interference_curve`` at the pass's solo traffic ``cpu_bytes_per_s``
+        over the curve's value at its largest point (None: unscaled)."""
+        factor = self.dma_interference.get(directions, 1.0) if directions else 1.0
+        curve = self.dma_interference_curve
+        if factor == 1.0 or not curve or cpu_bytes_per_s is None:
+            return factor
+        top = curve[max(curve)]
+        scale = (slowdown_curve_at(curve, cpu_bytes_per_s / 1e9) - 1.0) / (top - 1.0) if top > 1.0 else 1.0
+        return 1.0 + (factor - 1.0) * scale
+
+    def copy_slowdown_at(self, cpu_bytes_per_s: float) -> float:
+        """The slowdown of a copy beside CPU passes whose solo rates add up to ``cpu_bytes_per_s`` of DRAM
+        traffic (1 with none running or none measured)."""
+        return slowdown_curve_at(self.copy_slowdown, cpu_bytes_per_s / 1e9)
 
     def adam_rate(self, threads: int) -> float:
         """Parameters per second one optimizer worker with ``threads`` threads updates."""

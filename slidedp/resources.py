@@ -118,6 +118,11 @@ def collective_usage(hw: HardwareProfile, gpu: int) -> dict[str, float]:
 CPU_PASS = "cpu"
 
 
+# The resources only host<->GPU copies cross (resource_capacities names them): their capacities are what a copy
+# loses beside CPU passes (HostSpec.copy_slowdown, sim.fluid).
+COPY_RESOURCE_PREFIXES = ("h2d[", "d2h[", "pcie[", "uplink_h2d[", "uplink_d2h[")
+
+
 def flow_class(usage: dict[str, float]) -> str:
     """What a flow is, from the resources it crosses: a CPU pass (host DRAM only), a copy in one or both PCIe
     directions ("h2d", "d2h", "h2d+d2h": a collective bounced through host memory crosses both), or "other"."""

@@ -157,7 +157,7 @@ def _host_split(interference: dict[str, float], weight: float, dirs: tuple[str, 
 
     env = simpy.Environment()
     caps = {"hostmem": dram, "h2d[0]": 50.0, "d2h[0]": 50.0, "pcie[0]": 97.5}
-    net = FluidNetwork(env, caps, flow_class, lambda d: interference.get(d, 1.0) if d else 1.0, weight)
+    net = FluidNetwork(env, caps, flow_class, lambda d, _traffic: interference.get(d, 1.0) if d else 1.0, weight)
     cpu = net.transfer(1e6, {"hostmem": 1.0}, cap=118.0)
     copies = {d: net.transfer(1e6, {f"{d}[0]": 1.0, "pcie[0]": 1.0, "hostmem": 1.0}) for d in dirs}
     env.run(until=1.0)
@@ -200,29 +200,37 @@ def test_copies_keep_a_share_when_cpu_passes_alone_would_fill_dram():
 
 
 def test_contention_fit_recovers_interference_and_weight_from_synthetic_measurements():
-    """calibration.profile_fit.contention_profile: factors = times with copies over alone; the weight is the
-    smallest with which the simulator, re-running the calibration experiment, gives the copies what they measured
-    (or, where the pass's interference limit leaves them more whatever the weight, puts the pass at that limit)."""
+    """calibration.profile_fit: factors = times with copies over alone; the weight is the smallest with which the
+    simulator, re-running the calibration experiment, gives the copies what they measured (or, where the pass's
+    interference limit leaves them more whatever the weight, puts the pass at that limit)."""
     from dataclasses import replace
 
-    from slidedp.calibration.profile_fit import contention_profile, fit_cpu_dram_weight
+    from slidedp.calibration.profile_fit import contention_host, fit_cpu_dram_weight
     from slidedp.hardware import load_hardware
     from slidedp.sim.fluid import pass_beside_copies
 
-    hw = load_hardware("h200-x1")
+    h200 = load_hardware("h200-x1")
+    hw = replace(h200, gpu=replace(h200.gpu, duplex_gbps=97.5))  # the copies' duplex rate alone, as measured
     c = {"params": 2**28, "adam_bytes_per_param": 28, "threads": 16, "adam_alone_s": 0.064, "adam_with_h2d_s": 0.0734,
          "adam_with_d2h_s": 0.0917, "adam_with_h2d+d2h_s": 0.094, "dma_gbps_alone": 97.5, "dma_gbps_with_adam": 69.6}
-    factors, weight = contention_profile(c, hw)
+    host = contention_host(c, hw)
+    factors = host.dma_interference
     assert factors == {"h2d": pytest.approx(1.147), "d2h": pytest.approx(1.433), "h2d+d2h": pytest.approx(1.469)}
-    fitted = replace(hw, host=replace(hw.host, dma_interference=factors, cpu_dram_weight=weight))
     pass_bytes, cap = 28 * 2**28, hw.host.adam_rate(16) * 28
 
     def copies(profile) -> float:
         run = pass_beside_copies(profile, pass_bytes, cap, ("h2d", "d2h"))
         return (run["h2d"] + run["d2h"]) / 1e9
 
-    # In-sample, the simulator gives the copies the 69.6 GB/s they measured (and so the pass the 80 GB/s it moved,
-    # this profile's DRAM capacity being their total).
+    # With the copies' slowdown curve (one point: 117 GB/s of pass traffic, 97.5 / 69.6) the simulator gives them
+    # the 69.6 GB/s they measured, with less extra weight on DRAM (which is full here: 86 + 69.6 > 149.6).
+    assert host.copy_slowdown == {117: pytest.approx(97.5 / 69.6, abs=1e-3)}
+    assert copies(replace(hw, host=host)) == pytest.approx(69.6, rel=0.01)
+    # Without the curve (a profile from before it), the weight alone reproduces the experiment in-sample.
+    no_curve = replace(hw, host=replace(hw.host, dma_interference=factors))
+    weight = fit_cpu_dram_weight(no_curve, c)
+    assert 1.0 <= host.cpu_dram_weight < weight
+    fitted = replace(no_curve, host=replace(no_curve.host, cpu_dram_weight=weight))
     assert copies(fitted) == pytest.approx(69.6, rel=0.01)
     below = replace(fitted, host=replace(fitted.host, cpu_dram_weight=weight * 0.95))
     assert copies(below) > 69.6 * 1.005  # and the weight is the smallest that does it
@@ -234,5 +242,91 @@ def test_contention_fit_recovers_interference_and_weight_from_synthetic_measurem
     floor = 149.6 - hw.host.adam_rate(16) * 28 / 1.469 / 1e9
     assert copies(replace(fitted, host=replace(fitted.host, cpu_dram_weight=tight))) == pytest.approx(floor, rel=1e-3)
     assert copies(replace(fitted, host=replace(fitted.host, cpu_dram_weight=tight * 0.95))) > floor * 1.005
-    assert contention_profile({**c, "adam_with_h2d_s": 0.05}, hw)[0]["h2d"] == 1.0  # never below 1
+    assert contention_host({**c, "adam_with_h2d_s": 0.05}, hw).dma_interference["h2d"] == 1.0  # never below 1
     assert fit_cpu_dram_weight(hw, {k: v for k, v in c.items() if k != "dma_gbps_with_adam"}) == 1.0
+
+
+def test_a_copy_slows_beside_cpu_passes_by_their_summed_traffic_even_with_dram_to_spare():
+    """HostSpec.copy_slowdown through sim.fluid: the capacities only copies cross (PCIe direction, duplex) are
+    divided by the slowdown at the CPU passes' summed solo traffic (here 60 + 40 GB/s -> 1.5), whatever DRAM has
+    left; with no pass they are whole."""
+    from slidedp.resources import flow_class
+
+    def run(passes: list[float]) -> float:
+        env = simpy.Environment()
+        caps = {"hostmem": 1000.0, "h2d[0]": 50.0, "pcie[0]": 97.5}
+        net = FluidNetwork(env, caps, flow_class, None, 1.0, lambda traffic: 1.0 + traffic / 200.0)
+        for cap in passes:
+            net.transfer(1e6, {"hostmem": 1.0}, cap=cap)
+        copy = net.transfer(1e6, {"h2d[0]": 1.0, "pcie[0]": 1.0, "hostmem": 1.0})
+        env.run(until=1.0)
+        return 1e6 - net.remaining()[copy]
+
+    assert run([]) == pytest.approx(50.0)
+    assert run([60.0]) == pytest.approx(50.0 / 1.3)
+    assert run([60.0, 40.0]) == pytest.approx(50.0 / 1.5)
+
+
+def test_the_copy_slowdown_curve_interpolates_in_the_passes_traffic_and_is_checked():
+    """1 with no traffic, linear from there to the first point and between points, flat beyond the last."""
+    from dataclasses import replace
+
+    from slidedp.errors import SlideDPError
+    from slidedp.hardware import load_hardware
+
+    host = replace(load_hardware("h200-x1").host, copy_slowdown={100: 1.2, 200: 1.4})
+    assert host.copy_slowdown_at(0.0) == 1.0
+    assert host.copy_slowdown_at(50e9) == pytest.approx(1.1)
+    assert host.copy_slowdown_at(150e9) == pytest.approx(1.3)
+    assert host.copy_slowdown_at(500e9) == pytest.approx(1.4)
+    assert replace(host, copy_slowdown={}).copy_slowdown_at(150e9) == 1.0
+    for bad in ({100: 0.9}, {0: 1.2}, {100: float("nan")}, {"100": 1.2}):
+        with pytest.raises(SlideDPError, match="host.copy_slowdown"):
+            replace(host, copy_slowdown=bad)
+
+
+def test_the_copy_slowdown_curve_is_read_off_copies_timed_beside_the_pass_at_each_thread_count():
+    """calibration.profile_fit.copy_slowdown_curve: key = the pass's DRAM traffic alone at that thread count,
+    value = the copies' rate alone over their rate beside it; equal traffic averaged; nothing without the copies."""
+    from slidedp.calibration.contention_bench import copy_slowdown_threads
+    from slidedp.calibration.profile_fit import copy_slowdown_curve
+
+    gb = 2**28 * 28 / 1e9  # the pass's GB
+    c = {"params": 2**28, "adam_bytes_per_param": 28, "threads": 16, "dma_gbps_alone": 93.5,
+         "adam_alone_s": gb / 210, "dma_gbps_with_adam": 67.5,
+         "adam12_alone_s": gb / 190, "dma_gbps_with_adam12": 66.8,
+         "adam8_alone_s": gb / 150, "dma_gbps_with_adam8": 72.0,
+         "adam4_alone_s": gb / 95.2, "dma_gbps_with_adam4": 85.0,
+         "adam3_alone_s": gb / 94.8, "dma_gbps_with_adam3": 87.0,  # the same whole GB/s as 4 threads: averaged
+         "adam2_alone_s": gb / 50, "dma_gbps_with_adam2": 95.0}  # faster beside the pass than alone: 1
+    curve = copy_slowdown_curve(c)
+    assert curve == {50: 1.0, 95: pytest.approx((93.5 / 85 + 93.5 / 87) / 2, abs=1e-3),
+                     150: pytest.approx(93.5 / 72, abs=1e-3), 190: pytest.approx(93.5 / 66.8, abs=1e-3),
+                     210: pytest.approx(93.5 / 67.5, abs=1e-3)}
+    assert copy_slowdown_curve({k: v for k, v in c.items() if k != "dma_gbps_alone"}) == {}
+    assert copy_slowdown_threads(16, quick=False) == [12, 8, 4, 2]
+    assert copy_slowdown_threads(16, quick=True) == [8]
+    assert copy_slowdown_threads(1, quick=False) == []
+
+
+def test_the_passes_interference_scales_with_its_own_traffic_where_a_curve_was_measured():
+    """HostSpec.interference: a direction set's factor keeps its excess over 1 scaled by the h2d+d2h curve at the
+    pass's traffic over the curve's top; no traffic given, or no curve: the factor as measured at all cores. The
+    fit: with over alone at each thread count timed, keyed by traffic; one point is no curve."""
+    from dataclasses import replace
+
+    from slidedp.calibration.profile_fit import interference_curve
+    from slidedp.hardware import load_hardware
+
+    host = replace(load_hardware("h200-x1").host, dma_interference={"h2d": 1.2, "h2d+d2h": 1.4},
+                   dma_interference_curve={100: 1.2, 200: 1.4})
+    assert host.interference("h2d", 100e9) == pytest.approx(1.1)
+    assert host.interference("h2d+d2h", 50e9) == pytest.approx(1.1)
+    assert host.interference("h2d+d2h", 300e9) == pytest.approx(1.4) == host.interference("h2d+d2h")
+    assert host.interference("", 100e9) == 1.0 and host.interference("d2h", 100e9) == 1.0
+    assert replace(host, dma_interference_curve={}).interference("h2d", 100e9) == 1.2
+    gb = 2**28 * 28 / 1e9
+    c = {"params": 2**28, "adam_bytes_per_param": 28, "adam_alone_s": gb / 210, "adam_with_h2d+d2h_s": gb / 210 * 1.37,
+         "adam8_alone_s": gb / 150, "adam8_with_h2d+d2h_s": gb / 150 * 1.3}
+    assert interference_curve(c) == {150: pytest.approx(1.3), 210: pytest.approx(1.37)}
+    assert interference_curve({k: v for k, v in c.items() if not k.startswith("adam8")}) == {}
