@@ -148,6 +148,18 @@ def any_meta(directory: Path) -> Path:
     return shares[0] if not (directory / META_FILE).is_file() and shares else directory / META_FILE
 
 
+def read_meta(path: Path, where: str) -> dict:
+    """A checkpoint's meta.json (``path``) as a dict, or one SlideDPError line naming ``where`` when it cannot
+    be read, is not JSON or is not an object: what every reader of a checkpoint's meta.json goes through."""
+    try:
+        meta = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise SlideDPError(f"{where}: unreadable {META_FILE} ({type(exc).__name__})") from None
+    if not isinstance(meta, dict):
+        raise SlideDPError(f"{where}: unreadable {META_FILE} (not a JSON object)")
+    return meta
+
+
 def verify(directory: Path, numel: int, precision: StatePrecision = EXACT) -> dict:
     """meta.json of a checkpoint whose state file is intact and holds ``numel`` parameters per tensor in the
     state precision ``precision`` (another precision is refused in one line: the state is not converted)."""
@@ -157,10 +169,10 @@ def verify(directory: Path, numel: int, precision: StatePrecision = EXACT) -> di
     where = f"checkpoint {str(directory)!r}"
     if not (directory / STATE_FILE).is_file() or not (directory / META_FILE).is_file():
         raise SlideDPError(f"{where} is not a SlideDP checkpoint (missing {STATE_FILE} or {META_FILE})")
+    meta = read_meta(directory / META_FILE, where)
     try:
-        meta = json.loads((directory / META_FILE).read_text())
         step, data_step = int(meta["optimizer_step"]), int(meta["data_step"])
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise SlideDPError(f"{where}: unreadable {META_FILE} ({type(exc).__name__})") from None
     if not (0 <= step <= MAX_STEP and 0 <= data_step <= MAX_STEP):
         raise SlideDPError(f"{where}: a step in {META_FILE} is negative or beyond {MAX_STEP:.0e}")

@@ -11,11 +11,11 @@ Layout, written once here and read by the trainer, ``--overwrite`` and resume me
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 
+from slidedp.errors import SlideDPError
 from slidedp.runtime import checkpoint_files
 from slidedp.runtime.run_logs import METRICS_FILE, TB_DIR, WANDB_RUN_FILE
 
@@ -63,8 +63,8 @@ def training_history(out: Path) -> list[Path]:
 def checkpoint_step(directory: Path) -> int | None:
     """The data step a one-host checkpoint directory was saved at (its meta.json); None where unreadable."""
     try:
-        return int(json.loads((directory / checkpoint_files.META_FILE).read_text())["data_step"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return int(checkpoint_files.read_meta(directory / checkpoint_files.META_FILE, str(directory))["data_step"])
+    except (SlideDPError, ValueError, KeyError, TypeError):
         return None
 
 

@@ -7,7 +7,6 @@ invocation never leaves a half-made run directory.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import shutil
@@ -299,7 +298,7 @@ class Trainer:
         checkpoint_files.check_hosts(path, s.hosts)
         if s.hosts > 1 and "WORLD_SIZE" not in os.environ:
             # A launcher: which share this host resumes is known once torchrun's rendezvous has placed it.
-            return json.loads(checkpoint_files.any_meta(path).read_text())
+            return checkpoint_files.read_meta(checkpoint_files.any_meta(path), f"--resume {s.resume!r}")
         path = checkpoint_files.share_dir(path, self.host_index, s.hosts)
         for line in checkpoint_files.recover(path):
             self.log(f"checkpoint: {line}")

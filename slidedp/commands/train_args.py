@@ -8,7 +8,6 @@ config.yaml holds, so ``slidedp train --config <run>/config.yaml`` repeats a run
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
@@ -205,11 +204,11 @@ def _checkpoint_schedule(resume: str | None) -> dict:
     """The schedule a checkpoint was trained with (its meta.json; verified later by the trainer)."""
     if not resume:
         return {}
-    try:
-        from slidedp.runtime.checkpoint_files import any_meta
+    from slidedp.runtime.checkpoint_files import any_meta, read_meta
 
-        return dict(json.loads(any_meta(Path(resume)).read_text()).get("schedule") or {})
-    except (OSError, ValueError, TypeError, AttributeError):
+    try:
+        return dict(read_meta(any_meta(Path(resume)), resume).get("schedule") or {})
+    except (SlideDPError, ValueError, TypeError):
         return {}
 
 

@@ -180,3 +180,22 @@ def test_resume_differences_name_each_changed_field_whole():
            "schedule": {"lr": 1.0}}  # a setting an older checkpoint lacks is not a difference
     assert resume_differences(then, now) == ["policy differs from the checkpoint's run: accumulation 2 -> 4"]
     assert resume_differences(then, then) == []
+
+
+def test_every_reader_of_a_checkpoints_meta_json_gets_one_line_for_a_broken_one(tmp_path):
+    """checkpoint_files.read_meta: unreadable, not JSON or not an object -> one SlideDPError naming where; the
+    tolerant readers (checkpoint_history.checkpoint_step) turn that into "unknown"."""
+    from slidedp.errors import SlideDPError
+    from slidedp.runtime import checkpoint_files, checkpoint_history
+
+    meta = tmp_path / checkpoint_files.META_FILE
+    for text, why in (("{not json", "JSONDecodeError"), ("[1, 2]", "not a JSON object"), (b"\xff\xfe", "Unicode")):
+        meta.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(SlideDPError, match=f"^--resume 'x': unreadable meta.json .*{why}"):
+            checkpoint_files.read_meta(meta, "--resume 'x'")
+        assert checkpoint_history.checkpoint_step(tmp_path) is None
+    meta.write_text('{"data_step": 7}')
+    assert checkpoint_files.read_meta(meta, "x") == {"data_step": 7}
+    assert checkpoint_history.checkpoint_step(tmp_path) == 7
+    with pytest.raises(SlideDPError, match="unreadable meta.json \\(FileNotFoundError\\)"):
+        checkpoint_files.read_meta(tmp_path / "missing" / checkpoint_files.META_FILE, "x")
