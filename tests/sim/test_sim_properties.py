@@ -330,3 +330,38 @@ def test_the_passes_interference_scales_with_its_own_traffic_where_a_curve_was_m
          "adam8_alone_s": gb / 150, "adam8_with_h2d+d2h_s": gb / 150 * 1.3}
     assert interference_curve(c) == {150: pytest.approx(1.3), 210: pytest.approx(1.37)}
     assert interference_curve({k: v for k, v in c.items() if not k.startswith("adam8")}) == {}
+
+
+def test_the_contention_benchmark_times_the_grid_the_fit_reads(monkeypatch):
+    """calibration.contention_bench.contention_benchmark on a stand-in rig (no GPU here): every thread count of
+    the grid gets the keys profile_fit.copy_slowdown_curve and interference_curve read, and both curves come out
+    with one point per thread count."""
+    import torch
+
+    from slidedp.calibration import contention_bench
+    from slidedp.calibration.measurements import Measurements
+    from slidedp.calibration.profile_fit import copy_slowdown_curve, interference_curve
+
+    class Rig:
+        def __init__(self, params: int):
+            self.params, self.adam_bytes_per_param = params, 28
+
+        def adam(self, threads: int | None = None) -> float:
+            return self.params * 28 / (10e9 * (threads or 16))  # 10 GB/s a thread
+
+        def adam_during(self, dirs, threads: int | None = None):
+            return self.adam(threads) * (1 + (threads or 16) / 40), {}
+
+        def copies(self, dirs, stop=None, seconds=0.0):
+            return dict.fromkeys(dirs, 50.0)
+
+        def copies_during_adam(self, dirs, threads: int | None = None):
+            return dict.fromkeys(dirs, 50.0 / (1 + (threads or 16) / 32))
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    monkeypatch.setattr(contention_bench, "ContentionRig", Rig)
+    m = Measurements()
+    contention_bench.contention_benchmark(m, quick=False)
+    assert copy_slowdown_curve(m.contention) == {20: 1.062, 40: 1.125, 80: 1.25, 120: 1.375, 160: 1.5}
+    assert interference_curve(m.contention) == {20: 1.05, 40: 1.1, 80: 1.2, 120: 1.3, 160: 1.4}
