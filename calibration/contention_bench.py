@@ -140,12 +140,14 @@ def contention_benchmark(m: Measurements, quick: bool) -> None:
     # The pass and the copies together at fewer threads (less DRAM traffic): how both slowdowns depend on the
     # pass's traffic, which one all-core point cannot give (profile_fit.copy_slowdown_curve,
     # profile_fit.interference_curve).
+    # Five repeats each: the pass's factor with copies scattered 1.32-1.54 over c35's grid at three.
+    grid_repeats = 2 if quick else 5
     for t in copy_slowdown_threads(out["threads"], quick):
-        out[f"adam{t}_alone_s"] = statistics.median(rig.adam(t) for _ in range(repeats))
+        out[f"adam{t}_alone_s"] = statistics.median(rig.adam(t) for _ in range(grid_repeats))
         out[f"adam{t}_with_h2d+d2h_s"] = statistics.median(rig.adam_during(("h2d", "d2h"), t)[0]
-                                                           for _ in range(repeats))
+                                                           for _ in range(grid_repeats))
         out[f"dma_gbps_with_adam{t}"] = statistics.median(sum(rig.copies_during_adam(("h2d", "d2h"), t).values())
-                                                          for _ in range(repeats))
+                                                          for _ in range(grid_repeats))
     adam_gbps = rig.params * rig.adam_bytes_per_param / out["adam_with_h2d+d2h_s"] / 1e9
     out["total_gbps"] = adam_gbps + out["dma_gbps_with_adam"]
     m.contention = out

@@ -222,9 +222,11 @@ def test_contention_fit_recovers_interference_and_weight_from_synthetic_measurem
         run = pass_beside_copies(profile, pass_bytes, cap, ("h2d", "d2h"))
         return (run["h2d"] + run["d2h"]) / 1e9
 
-    # With the copies' slowdown curve (one point: 117 GB/s of pass traffic, 97.5 / 69.6) the simulator gives them
+    # With the copies' slowdown curve (one point: at 16 threads, keyed by the profile's pass traffic there, 4.52 G
+    # params/s x 28 B = 126 GB/s (whole GB/s, rounded down), not the timed pass's 117; the factor 97.5 / 69.6) the
+    # simulator gives them
     # the 69.6 GB/s they measured, with less extra weight on DRAM (which is full here: 86 + 69.6 > 149.6).
-    assert host.copy_slowdown == {117: pytest.approx(97.5 / 69.6, abs=1e-3)}
+    assert host.copy_slowdown == {126: pytest.approx(97.5 / 69.6, abs=1e-3)}
     assert copies(replace(hw, host=host)) == pytest.approx(69.6, rel=0.01)
     # Without the curve (a profile from before it), the weight alone reproduces the experiment in-sample.
     no_curve = replace(hw, host=replace(hw.host, dma_interference=factors))
@@ -297,13 +299,20 @@ def test_the_copy_slowdown_curve_is_read_off_copies_timed_beside_the_pass_at_eac
          "adam12_alone_s": gb / 190, "dma_gbps_with_adam12": 66.8,
          "adam8_alone_s": gb / 150, "dma_gbps_with_adam8": 72.0,
          "adam4_alone_s": gb / 95.2, "dma_gbps_with_adam4": 85.0,
-         "adam3_alone_s": gb / 94.8, "dma_gbps_with_adam3": 87.0,  # the same whole GB/s as 4 threads: averaged
+         "adam3_alone_s": gb / 95.1, "dma_gbps_with_adam3": 87.0,  # the same whole GB/s as 4 threads: averaged
          "adam2_alone_s": gb / 50, "dma_gbps_with_adam2": 95.0}  # faster beside the pass than alone: 1
     curve = copy_slowdown_curve(c)
     assert curve == {50: 1.0, 95: pytest.approx((93.5 / 85 + 93.5 / 87) / 2, abs=1e-3),
                      150: pytest.approx(93.5 / 72, abs=1e-3), 190: pytest.approx(93.5 / 66.8, abs=1e-3),
                      210: pytest.approx(93.5 / 67.5, abs=1e-3)}
     assert copy_slowdown_curve({k: v for k, v in c.items() if k != "dma_gbps_alone"}) == {}
+    # With the host profile, keyed by its AdamW rate at each thread count (the simulator's scale), not the pass's.
+    from dataclasses import replace
+
+    from slidedp.hardware import load_hardware
+
+    host = replace(load_hardware("h200-x1").host, adam_gparams_per_s={2: 2.0, 4: 4.0, 8: 5.0, 16: 8.0})
+    assert set(copy_slowdown_curve(c, host)) == {56, 84, 112, 140, 182, 224}  # 3 and 12: interpolated
     assert copy_slowdown_threads(16, quick=False) == [12, 8, 4, 2]
     assert copy_slowdown_threads(16, quick=True) == [8]
     assert copy_slowdown_threads(1, quick=False) == []
