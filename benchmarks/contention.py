@@ -1,6 +1,7 @@
 """Host contention on one GPU host, measured and predicted by the simulator's processor-sharing model.
 
     python -m benchmarks.contention --out DIR [--params 268435456] [--profile h200-x1] [--predict-only]
+    python -m benchmarks.contention --refit --out DIR   (an earlier call's results, refitted with this code)
 
 Experiments (each the median of --repeats), with the AdamW pass at T threads (the runtime's one-pass kernel):
   adamT                  the pass alone: seconds
@@ -117,6 +118,34 @@ def calibrate_host(base: str, out: Path) -> str:
     return str(path)
 
 
+def refit(run: Path) -> str:
+    """Another call's calibration refitted with this code's contention model (the host curves unchanged, the
+    contention fields fitted afresh from its calibration.json): the profile path, written beside it as
+    refit.yaml. Not blind when that call's held-out results have been seen; RESULTS says which."""
+    from dataclasses import replace
+
+    from slidedp.calibration.profile_fit import contention_host
+    from slidedp.hardware import load_hardware
+
+    hw = load_hardware(str(run / "profile.yaml"))
+    measured = json.loads((run / "calibration.json").read_text())["contention"]
+    bare = replace(hw, host=replace(hw.host, dma_interference={}, copy_slowdown={}, dma_interference_curve={},
+                                    cpu_dram_weight=1.0))
+    path = run / "refit.yaml"
+    replace(hw, host=contention_host(measured, bare)).save(path)
+    return str(path)
+
+
+def _compare(predicted: dict, measured: dict) -> None:
+    keys = [k for k in predicted if k in measured and k != "params"]
+    within = 0
+    for key in keys:
+        p, m = predicted[key], measured[key]
+        within += abs(p - m) <= 0.1 * m
+        log(f"{key:20s} predicted {p:9.4f} measured {m:9.4f} error {100 * (p - m) / m:+6.1f}%")
+    log(f"{within} of {len(keys)} within 10%")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -128,8 +157,17 @@ def main() -> None:
     parser.add_argument("--calibrate-first", action="store_true",
                         help="calibrate the host on this machine first and predict with that profile")
     parser.add_argument("--predict-only", action="store_true")
+    parser.add_argument("--refit", action="store_true",
+                        help="--out is an earlier call's results (profile.yaml, calibration.json, measured.json): "
+                             "refit its contention with this code and compare with what it measured; no timing")
     args = parser.parse_args()
     out = Path(args.out)
+    if args.refit:
+        measured = json.loads((out / "measured.json").read_text())
+        threads = tuple(sorted({int(k[4:-2]) for k in measured if k.startswith("adam") and k[4:-2].isdigit()},
+                               reverse=True))
+        _compare(predict(refit(out), measured["params"], threads), measured)
+        return
     out.mkdir(parents=True, exist_ok=True)
     profile = calibrate_host(args.profile, out) if args.calibrate_first else args.profile
     threads = tuple(args.threads)
@@ -140,9 +178,7 @@ def main() -> None:
         return
     measured = measure(args.params, args.repeats, threads)
     (out / "measured.json").write_text(json.dumps(measured, indent=1))
-    for key in (k for k in predicted if k in measured and k != "params"):
-        p, m = predicted[key], measured[key]
-        log(f"{key:20s} predicted {p:9.4f} measured {m:9.4f} error {100 * (p - m) / m:+6.1f}%")
+    _compare(predicted, measured)
 
 
 if __name__ == "__main__":

@@ -127,6 +127,28 @@ def test_contention_predictions_follow_the_profiles_caps(tmp_path):
     assert p["adam16+h2d+d2h_s"] == pytest.approx(2**24 * 28 / share, rel=1e-3)
 
 
+def test_contention_refit_redoes_an_earlier_calls_predictions_with_this_code(tmp_path):
+    """--refit: an earlier call's profile and calibration refitted (its contention fields fitted afresh, here with
+    the copies' curve from two thread counts) and compared with what it measured; measured values equal to this
+    code's own predictions compare at 0% and count as within 10%."""
+    from slidedp.hardware import load_hardware
+
+    load_hardware("h200-x1").save(tmp_path / "profile.yaml")
+    gb = 2**28 * 28 / 1e9
+    calibration = {"params": 2**28, "adam_bytes_per_param": 28, "threads": 16, "adam_alone_s": gb / 120,
+                   "adam_with_h2d+d2h_s": gb / 90, "dma_gbps_alone": 100.0, "dma_gbps_with_adam": 70.0,
+                   "adam8_alone_s": gb / 100, "adam8_with_h2d+d2h_s": gb / 80, "dma_gbps_with_adam8": 80.0}
+    (tmp_path / "calibration.json").write_text(json.dumps({"contention": calibration}))
+    (tmp_path / "measured.json").write_text(json.dumps({"params": 2**24, "adam12_s": 1.0, "dma_h2d_gbps": 1.0}))
+    out = bench("contention", "--refit", "--out", tmp_path).stdout
+    refit = load_hardware(str(tmp_path / "refit.yaml")).host
+    assert set(refit.copy_slowdown) == {108, 126} and set(refit.dma_interference_curve) == {108, 126}
+    assert "0 of 2 within 10%" in out and "adam12_s" in out
+    predicted = {line.split()[0]: float(line.split()[2]) for line in out.splitlines() if " predicted " in line}
+    (tmp_path / "measured.json").write_text(json.dumps({"params": 2**24, **predicted}))
+    assert "2 of 2 within 10%" in bench("contention", "--refit", "--out", tmp_path).stdout
+
+
 def test_compact_state_driver_runs_every_part_on_the_cpu(tmp_path, tiny_config):
     """benchmarks/compact_state.py's CPU path: update rates per mode, a host-only step time, and the fine-tune on
     real text with its held-out curve and plot (one mode each: every run is a subprocess)."""
