@@ -10,6 +10,7 @@ GPU or host memory):
                      like-for-like setting against peers that offload the whole optimizer
   slidedp-compact    slidedp-host in the compact bf16+int8 host state (`--state bf16+int8`), run through
                      `slidedp train` per batch (the variants' search spaces: benchmarks/our_variants.py)
+  slidedp-int8       the same with fp32 master weights and int8 moments (`--state fp32+int8`)
   fsdp2-offload      PyTorch FSDP2 `fully_shard` with CPUOffloadPolicy + bf16 MixedPrecisionPolicy, torch
                      AdamW on the CPU (fused kernel where DTensor allows it, foreach otherwise)
   deepspeed-offload  DeepSpeed ZeRO-2 with offload_optimizer cpu (DeepSpeedCPUAdam), bf16

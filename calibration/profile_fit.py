@@ -66,10 +66,11 @@ def _by_thread_count(c: dict[str, float], factor_at: Callable[[str], float | Non
     move the same whole GB/s averaged. Empty without the pass's size.
 
     The traffic is ``host``'s AdamW rate at that thread count times the pass's bytes, the scale the simulator
-    looks the curve up in (sim.fluid prices a pass from the same curve), so a pass of T threads finds the point
-    measured at T; the pass's own time here is only the fallback without ``host``. Keyed by the timed pass instead,
-    the lookups were shifted: on a lent H100 host the 2**28-parameter pass ran 6-10% below the calibration's
-    64M-parameter rates, and a 9-thread pass found the 12-thread point (benchmarks/RESULTS.md, c35)."""
+    looks the curve up in (sim.fluid takes a pass's traffic from that rate curve), so a pass of T threads finds
+    the point measured at T; the pass's own time here is only the fallback without ``host``. Keyed by the timed
+    pass instead, the lookups were shifted: on a lent H100 host the 2**28-parameter pass ran 6-10% below the
+    calibration's 64M-parameter rates, and a 9-thread pass found the 12-thread point (benchmarks/RESULTS.md,
+    c35)."""
     per_param, params = c.get("adam_bytes_per_param"), c.get("params")
     if not (per_param and params):
         return {}

@@ -15,8 +15,8 @@ interference factor of the copy directions active at that instant (``interferenc
 ``cpu_weight`` times its solo rate; without it every flow is "other" and weighs its solo rate. The other way
 round, the capacities only copies cross (PCIe directions, duplex, switch uplinks) are divided by
 ``copy_slowdown`` of the CPU passes' summed solo DRAM traffic at that instant (HostSpec.copy_slowdown: copies
-lose rate beside a pass even where DRAM has room). Hosts whose
-contention was not measured keep factors and weight 1: proportional sharing.
+lose rate beside a pass even where DRAM has room). Hosts whose contention was not measured keep factors and
+weight 1: proportional sharing.
 """
 
 from __future__ import annotations

@@ -188,9 +188,10 @@ class HostSpec:
     # accesses even where DRAM has bandwidth left). Missing directions: no slowdown.
     dma_interference: dict[str, float] = field(default_factory=dict)
     # The same factor with both copy directions running, measured beside passes of several thread counts and keyed
-    # by the pass's own DRAM traffic alone (GB/s): a pass that moves less is slowed less (1.26x at 5 threads, 1.37x
-    # at 16 on a lent H100 host). Every direction set's factor is scaled by it in its excess over 1 (see
-    # interference). Empty: the factors above at every thread count.
+    # by the pass's own DRAM traffic alone (GB/s). It changes with the pass's traffic, and not the same way on every
+    # host: 1.26x at 5 threads and 1.37x at 16 on one lent H100 host (c33), 1.46x at 2 and 1.34x at 16 on another
+    # (c36). Every direction set's factor is scaled by it in its excess over 1 (see interference). Empty: the
+    # factors above at every thread count.
     dma_interference_curve: dict[int, float] = field(default_factory=dict)
     # How much harder a CPU pass presses on host DRAM than a copy of the same solo rate when they share it
     # (sim.fluid): 1 = proportional sharing (hosts not measured); calibration.contention_bench fits it.

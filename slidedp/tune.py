@@ -194,7 +194,7 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
     workloads: dict[int, StepWorkload] = {}
     smallest_gpu = smallest_host = float("inf")
     smallest_policy: Policy | None = None
-    total = len(policies) + refine_top
+    total = len(policies) + refine_top  # until the feasible candidates are known
 
     def units_of(policy: Policy) -> tuple[Unit, ...]:
         key = unit_inputs(policy)
@@ -263,10 +263,11 @@ def tune(model: ModelSpec, hw: HardwareProfile, seq: int, global_batch: int, bud
     for state in space.states:
         if not any(c.policy.state == state for c in to_refine):
             to_refine += [c for c in feasible if c.policy.state == state][:1]
+    total = len(policies) + len(to_refine)  # now known: --top-k beyond the feasible count refines them all
     for j, cand in enumerate(to_refine):
         cand.sim = simulate(workloads[id(cand.policy)])
         if progress:
-            progress(len(policies) + min(j, refine_top - 1), total)
+            progress(len(policies) + j + 1, total)
     choice = None
     if len(space.states) > 1:
         best_of = {s: min((c.sim.step_time_s for c in to_refine if c.policy.state == s), default=None)

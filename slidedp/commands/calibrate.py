@@ -8,7 +8,7 @@ import torch
 from rich.console import Console
 
 from slidedp.commands.progress import progress_callback
-from slidedp.commands.validation_table import cpu_runs_warning, load_records, validation_table
+from slidedp.commands.validation_table import cpu_runs_warning, load_records, more_ranks_warning, validation_table
 from slidedp.errors import SlideDPError
 from slidedp.hardware import load_hardware
 from slidedp.model_spec import load_model_spec
@@ -53,6 +53,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
         if warning:
             Console(stderr=True).print(f"slidedp: warning: {warning}; the refit describes this CPU as the device",
                                        highlight=False, soft_wrap=True)
+        warning = more_ranks_warning(records, base)
+        if warning:
+            Console(stderr=True).print(f"slidedp: warning: {warning}", highlight=False, soft_wrap=True)
         before = validate(records, base)
         profile, report = refit_profile(base, records)
         after = validate(records, profile)

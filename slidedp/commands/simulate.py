@@ -227,8 +227,7 @@ def run_peer_simulate(args: argparse.Namespace) -> int:
         print(summary.to_json())
     else:
         console = Console()
-        console.print(f"[bold]{spec.name}[/] on [bold]{hw.name}[/] ({hw.num_gpus} GPU) - seq {w.seq}, batch "
-                      f"{w.global_batch} ({w.tokens_per_step:,} tokens/step)")
+        console.print(_header_line(spec.name, hw.name, hw.num_gpus, 1, w.seq, w.global_batch, w.tokens_per_step))
         console.print(f"system: {args.system} - {step.system.summary}; recompute per layer, "
                       f"micro-batch {w.policy.micro_batch} per rank")
         _print_step_tables(summary, result, None)
@@ -245,11 +244,18 @@ def _tile_phrase(tile: int, micro_batch_tokens: int) -> str:
     return f" over sequence tiles of {tile:,} tokens"
 
 
+def _header_line(model: str, hardware: str, gpus: int, hosts: int, seq: int, batch: int, tokens: int) -> str:
+    """The first line of a simulation's output. A profile cut to fewer GPUs (HardwareProfile.with_gpus names it
+    ``<name>@<gpus>``) reads ``<name> (1 GPU used)``, not ``<name>@1 (1 GPU)``."""
+    name, _, cut = hardware.partition("@")
+    where = f"{gpus} GPU{'s' if gpus > 1 else ''}" + (" used" if cut else "") + \
+        (f" on each of {hosts} hosts" if hosts > 1 else "")
+    return f"[bold]{model}[/] on [bold]{name}[/] ({where}) - seq {seq}, batch {batch} ({tokens:,} tokens/step)"
+
+
 def _print_tables(s: RunSummary, result, est, hosts: int = 1) -> None:
     console = Console()
-    where = f"{s.gpus} GPU{'s' if s.gpus > 1 else ''}" + (f" on each of {hosts} hosts" if hosts > 1 else "")
-    console.print(f"[bold]{s.model}[/] on [bold]{s.hardware}[/] ({where}) - seq {s.seq}, "
-                  f"batch {s.batch} ({s.tokens_per_step:,} tokens/step)")
+    console.print(_header_line(s.model, s.hardware, s.gpus, hosts, s.seq, s.batch, s.tokens_per_step))
     p = s.policy
     console.print(f"policy: params {p['param_route']}, grads {p['grad_route']}, {p['chunks_per_layer']} chunks/layer, "
                   f"prefetch {p['prefetch_depth']}, activations {p['activation']}"

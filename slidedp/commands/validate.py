@@ -7,7 +7,7 @@ import sys
 
 from rich.console import Console
 
-from slidedp.commands.validation_table import cpu_runs_warning, load_records, validation_table
+from slidedp.commands.validation_table import cpu_runs_warning, load_records, more_ranks_warning, validation_table
 from slidedp.hardware import load_hardware
 from slidedp.output_paths import check_output_file
 
@@ -18,11 +18,12 @@ def run_validate(args: argparse.Namespace) -> int:
     if args.out:
         check_output_file(args.out, "--out", (".csv",))
     records = load_records(args.runs)
-    table = validate(records, load_hardware(args.hardware))
+    hw = load_hardware(args.hardware)
+    table = validate(records, hw)
     console = Console()
-    warning = cpu_runs_warning(records, args.hardware)
-    if warning:
-        print(f"slidedp: warning: {warning}", file=sys.stderr)
+    for warning in (cpu_runs_warning(records, args.hardware), more_ranks_warning(records, hw)):
+        if warning:
+            print(f"slidedp: warning: {warning}", file=sys.stderr)
     console.print(validation_table(f"{args.hardware}: MAPE {mape(table):.1f}%, limiter matches "
                                    f"{int(table.limiter_match.sum())}/{len(table)}", table))
     if args.out:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from slidedp.calibration.from_run import RunRecord
+    from slidedp.hardware import HardwareProfile
 
 
 def load_records(paths: list[str]) -> list[RunRecord]:
@@ -28,6 +29,19 @@ def cpu_runs_warning(records: list[RunRecord], profile: str) -> str | None:
     names = ", ".join(cpu[:3]) + (f" and {len(cpu) - 3} more" if len(cpu) > 3 else "")
     return (f"{names} ran on the CPU: {profile} prices a GPU host, so these errors measure the difference "
             f"between the two, not the profile")
+
+
+def more_ranks_warning(records: list[RunRecord], hw: HardwareProfile) -> str | None:
+    """One warning line where runs had more ranks than the profile has GPUs: they are predicted on the profile
+    widened to that many GPUs (from_run.RunRecord.workload), each added GPU with its own PCIe link and behind no
+    switch, which may not be the machine they ran on (several ranks may have shared a GPU)."""
+    wide = [r for r in records if r.ranks > hw.num_gpus]
+    if not wide:
+        return None
+    names = ", ".join(r.label for r in wide[:3]) + (f" and {len(wide) - 3} more" if len(wide) > 3 else "")
+    most = max(r.ranks for r in wide)
+    return (f"{names} ran {most if len(wide) == 1 else f'up to {most}'} ranks, more than {hw.name}'s "
+            f"{hw.num_gpus} GPU(s): predicted as if the machine had a GPU per rank, each with its own PCIe link")
 
 
 def validation_table(title: str, table: pd.DataFrame) -> Table:

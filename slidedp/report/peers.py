@@ -13,13 +13,14 @@ import json
 import math
 from pathlib import Path
 
-SYSTEMS = ("slidedp", "slidedp-host", "slidedp-compact", "fsdp2-offload", "deepspeed-offload", "resident",
-           "slideformer", "megatrain")
-# Tuned freely; every optimizer state on the host (exact fp32); the same in the compact bf16+int8 state.
-OURS = ("slidedp", "slidedp-host", "slidedp-compact")
+SYSTEMS = ("slidedp", "slidedp-host", "slidedp-compact", "slidedp-int8", "fsdp2-offload", "deepspeed-offload",
+           "resident", "slideformer", "megatrain")
+# Tuned freely; every optimizer state on the host (exact fp32); the same in the compact bf16+int8 state; the same
+# with fp32 master weights and int8 moments (benchmarks/our_variants.py says what each runs under).
+OURS = ("slidedp", "slidedp-host", "slidedp-compact", "slidedp-int8")
 PEERS = tuple(s for s in SYSTEMS if s not in OURS)
 COLORS = {"slidedp": "tab:blue", "slidedp-host": "tab:cyan", "slidedp-compact": "tab:olive",
-          "fsdp2-offload": "tab:orange",
+          "slidedp-int8": "tab:gray", "fsdp2-offload": "tab:orange",
           "deepspeed-offload": "tab:green", "resident": "tab:red", "slideformer": "tab:purple",
           "megatrain": "tab:brown"}
 TITLE = "Full-parameter training throughput on {where}: SlideDP, offloading peers, GPU-resident"

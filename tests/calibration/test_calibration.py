@@ -605,3 +605,18 @@ def test_a_replicated_run_on_shared_switches_keeps_the_link_rates(tmp_path, caps
     assert (refit.gpu.h2d_gbps, refit.gpu.d2h_gbps) == (base.gpu.h2d_gbps, base.gpu.d2h_gbps)
     assert any("shared its PCIe switch" in w for w in report["warnings"])
     assert mape(validate([record], refit)) < 1
+
+
+def test_runs_with_more_ranks_than_the_profiles_gpus_are_validated_with_a_warning(tmp_path, capsys):
+    """validate (and calibrate --from-run) widen a profile to a run's rank count, each added GPU with a link of its
+    own: said in one warning line, since several ranks may have shared a GPU."""
+    import json
+
+    paths = _simulated_runs(tmp_path, _truth(load_hardware("h200-x1")))[:2]
+    summary = json.loads((paths[0] / "summary.json").read_text())
+    (paths[0] / "summary.json").write_text(json.dumps({**summary, "ranks": 2}))
+    assert main(["validate", "--hardware", "h200-x1", *map(str, paths)]) == 0
+    err = capsys.readouterr().err
+    assert f"{paths[0].name} ran 2 ranks, more than h200-x1's 1 GPU(s)" in err and paths[1].name not in err
+    assert main(["validate", "--hardware", "h200-x1", str(paths[1])]) == 0
+    assert "more than" not in capsys.readouterr().err

@@ -32,7 +32,7 @@ def test_peers_chunked_loss_equals_full_cross_entropy():
 @pytest.mark.slow
 def test_peer_compare_runs_every_cpu_capable_system(tmp_path, tiny_config):
     out = tmp_path / "peers"
-    systems = ("slidedp", "slidedp-host", "slidedp-compact", "fsdp2-offload", "resident")
+    systems = ("slidedp", "slidedp-host", "slidedp-compact", "slidedp-int8", "fsdp2-offload", "resident")
     bench("peer_compare", "--model", tiny_config, "--seq", "16", "--batches", "1", "2", "--steps", "2", "--device",
           "cpu", "--systems", *systems, "--out", out)
     rows = load_rows(out)
@@ -41,6 +41,7 @@ def test_peer_compare_runs_every_cpu_capable_system(tmp_path, tiny_config):
     held = {system: policy["gpu_state_units"] for system, policy in policies.items()}
     assert held["slidedp-host"] == 0 and held["slidedp"] > 0  # a tiny model: the tuner holds units on the GPU
     assert held["slidedp-compact"] == 0 and policies["slidedp-compact"]["state"] == "bf16+int8"
+    assert held["slidedp-int8"] == 0 and policies["slidedp-int8"]["state"] == "fp32+int8"
     assert policies["slidedp-host"]["state"] == "fp32"
     losses = {r["system"]: r["final_loss"] for r in rows if r["batch"] == 1}
     # Same model init, data and optimizer: after two steps every system reports a loss near ln(vocab).
@@ -311,6 +312,17 @@ def test_slidedp_train_driver_plans_again_for_less_after_running_out_of_gpu_memo
     run_slidedp_train(Namespace(**{**vars(args), "batches": [2, 4]}), rows.append, "slidedp-compact")
     assert len(calls) == 3 and [r["status"] for r in rows] == ["oom", "skipped (oom at smaller)"]
     assert rows[0]["error"].count("out of GPU memory") == 3
+
+
+def test_each_of_our_variants_has_a_search_space_a_worker_and_a_colour():
+    """slidedp.report.peers names SlideDP's variants (OURS) and benchmarks.our_variants gives each its search
+    space: the two lists are the same, and every system the comparison can run has a worker and a colour."""
+    from benchmarks.our_variants import VARIANT_SPACES
+    from benchmarks.peer_systems import WORKERS
+    from slidedp.report.peers import COLORS, OURS, SYSTEMS
+
+    assert set(OURS) == set(VARIANT_SPACES) and set(SYSTEMS) == set(WORKERS) == set(COLORS)
+    assert VARIANT_SPACES["slidedp-int8"].states == ("fp32+int8",) and not VARIANT_SPACES["slidedp-int8"].gpu_state
 
 
 def test_slidedp_rows_are_fresh_train_runs_unless_asked_in_process(monkeypatch):

@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -203,6 +204,9 @@ def test_cli_simulate_sweep_report(tmp_path, capsys):
     assert max(map(len, shown)) <= 80 and not any("\u2026" in line for line in shown), "\n".join(shown)
     assert any("zero-offload-like" in line for line in shown)
     assert any(line.startswith("every row: seq 1024") for line in shown)
+    rows = [line for line in shown if " sharded " in line or "zero-offload-like" in line]
+    # step seconds to the millisecond in every row (3 significant digits had mixed 0.95 with 12.3)
+    assert len(rows) == len(pd.read_parquet(sweep)) and all(re.search(r" \d+\.\d{3} ", line) for line in rows), rows
     assert main(["report", str(run), "--sweep", str(sweep), "--out", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "report.html").exists() and (tmp_path / "rep" / "sweep.svg").exists()
     capsys.readouterr()
@@ -227,3 +231,14 @@ def test_sweep_names_the_gpu_counts_no_batch_divides(tmp_path, capsys):
                  "--analytical", "--out", str(tmp_path / "s.csv")]) == 0
     out = capsys.readouterr().out
     assert "left out: 2, 4 GPU(s), which no batch of [3] divides" in out and "2 points written" in out
+
+
+def test_simulate_names_a_profile_cut_to_fewer_gpus_plainly(capsys):
+    """The header reads "h100-sxm-x4 (1 GPU used)", not the cut profile's internal name "h100-sxm-x4@1"."""
+    assert main(["simulate", "--model", "qwen3-0.6b", "--hardware", "h100-sxm-x4", "--gpus", "1", "--seq", "1024",
+                 "--batch", "2"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "on h100-sxm-x4 (1 GPU used) - seq 1024, batch 2" in first and "@" not in first
+    assert main(["simulate", "--model", "qwen3-0.6b", "--hardware", "h100-sxm-x4", "--seq", "1024",
+                 "--batch", "4"]) == 0
+    assert "on h100-sxm-x4 (4 GPUs) - seq 1024" in capsys.readouterr().out.splitlines()[0]

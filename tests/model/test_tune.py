@@ -171,3 +171,17 @@ def test_the_cards_memory_is_read_from_the_device_named_or_refused_in_one_line(m
     for bad, match in (("cuda:x", "expected auto, cpu, cuda or cuda:N"), ("cuda:3", "1 visible GPU")):
         with pytest.raises(SlideDPError, match=match):
             cuda_memory_gib(bad)
+
+
+def test_a_top_k_beyond_the_candidates_refines_them_all_and_the_progress_ends_at_its_total():
+    """--top-k larger than the feasible candidates simulates each once; the progress total becomes the real count
+    (it had stayed at policies + top-k, so a bar of 100,000 never filled), and the count only grows."""
+    model, hw = load_model_spec("qwen3-0.6b"), load_hardware("h200-x1")
+    calls = []
+    result = tune(model, hw, 2048, 4, resolve_budget(hw, None, None), SMALL, refine_top=100_000,
+                  progress=lambda done, total: calls.append((done, total)))
+    simulated = [c for c in result.candidates if c.sim is not None]
+    assert len(simulated) == len(result.candidates)
+    assert calls[-1] == (result.enumerated + len(simulated),) * 2
+    done = [d for d, _ in calls]
+    assert done == sorted(done) and all(d <= t for d, t in calls)
