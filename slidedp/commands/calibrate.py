@@ -8,7 +8,13 @@ import torch
 from rich.console import Console
 
 from slidedp.commands.progress import progress_callback
-from slidedp.commands.validation_table import cpu_runs_warning, load_records, more_ranks_warning, validation_table
+from slidedp.commands.validation_table import (
+    cpu_runs_warning,
+    load_records,
+    more_ranks_warning,
+    print_warning,
+    validation_table,
+)
 from slidedp.errors import SlideDPError
 from slidedp.hardware import load_hardware
 from slidedp.model_spec import load_model_spec
@@ -51,11 +57,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
         records = load_records(args.from_run)
         warning = cpu_runs_warning(records, base.name)
         if warning:
-            Console(stderr=True).print(f"slidedp: warning: {warning}; the refit describes this CPU as the device",
-                                       highlight=False, soft_wrap=True)
+            print_warning(f"{warning}; the refit describes this CPU as the device")
         warning = more_ranks_warning(records, base)
         if warning:
-            Console(stderr=True).print(f"slidedp: warning: {warning}", highlight=False, soft_wrap=True)
+            print_warning(warning)
         before = validate(records, base)
         profile, report = refit_profile(base, records)
         after = validate(records, profile)
@@ -85,7 +90,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     for key, value in report.items():
         console.print(f"  {key}: {brief(value)}", highlight=False)
     for line in warnings:  # a fit that was not credible: its fields kept the base profile's values
-        Console(stderr=True).print(f"slidedp: warning: {line}", highlight=False, soft_wrap=True)
+        print_warning(line)
     profile.save(out)
     console.print(f"wrote {args.out}")
     return 0

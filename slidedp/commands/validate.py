@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from rich.console import Console
 
-from slidedp.commands.validation_table import cpu_runs_warning, load_records, more_ranks_warning, validation_table
+from slidedp.commands.validation_table import (
+    cpu_runs_warning,
+    load_records,
+    more_ranks_warning,
+    print_warning,
+    validation_table,
+)
 from slidedp.hardware import load_hardware
 from slidedp.output_paths import check_output_file
 
@@ -23,7 +28,7 @@ def run_validate(args: argparse.Namespace) -> int:
     console = Console()
     for warning in (cpu_runs_warning(records, args.hardware), more_ranks_warning(records, hw)):
         if warning:
-            print(f"slidedp: warning: {warning}", file=sys.stderr)
+            print_warning(warning)
     console.print(validation_table(f"{args.hardware}: MAPE {mape(table):.1f}%, limiter matches "
                                    f"{int(table.limiter_match.sum())}/{len(table)}", table))
     if args.out:

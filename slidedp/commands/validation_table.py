@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pandas as pd
+from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -18,6 +19,12 @@ def load_records(paths: list[str]) -> list[RunRecord]:
     from slidedp.calibration.from_run import load_record
 
     return [load_record(p) for p in paths]
+
+
+def print_warning(line: str) -> None:
+    """One ``slidedp: warning:`` line on stderr, unwrapped and unhighlighted: how calibrate and validate say that
+    a result needs reading with care."""
+    Console(stderr=True).print(f"slidedp: warning: {line}", highlight=False, soft_wrap=True)
 
 
 def cpu_runs_warning(records: list[RunRecord], profile: str) -> str | None:
