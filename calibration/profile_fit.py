@@ -66,8 +66,10 @@ def _by_thread_count(c: dict[str, float], factor_at: Callable[[str], float | Non
     move the same whole GB/s averaged. Empty without the pass's size.
 
     The traffic is ``host``'s AdamW rate at that thread count times the pass's bytes, the scale the simulator
-    looks the curve up in (sim.fluid takes a pass's traffic from that rate curve), so a pass of T threads finds
-    the point measured at T; the pass's own time here is only the fallback without ``host``. Keyed by the timed
+    looks the curve up in (sim.fluid takes a pass's traffic from that rate curve), so a pass of T threads timed
+    alone, as in the contention experiments, finds the point measured at T; the pass's own time here is only the
+    fallback without ``host``. Inside a training step the update's rate is divided by ``step_update_factor`` (it
+    runs slower there, so it also moves DRAM slower) and it finds a lower point, by the same rule. Keyed by the timed
     pass instead, the lookups were shifted: on a lent H100 host the 2**28-parameter pass ran 6-10% below the
     calibration's 64M-parameter rates, and a 9-thread pass found the 12-thread point (benchmarks/RESULTS.md,
     c35)."""

@@ -204,6 +204,8 @@ def allocate(flows: list[_Flow], capacity: list[float], interference: Callable[[
             if f.kind == CPU_PASS:
                 f.limit = f.cap / interference(running, _solo_rate(f, capacity, f.cap))
     if copy_slowdown is not None and copy_resources:
+        # Each pass at its solo rate, also passes that time-share the cores (a peer's cast beside its update):
+        # their traffic is then overstated, and the copies slowed as if both ran at full rate.
         cpu_traffic = sum(_solo_rate(f, capacity, f.cap) for f in flows if f.kind == CPU_PASS)
         slowdown = copy_slowdown(cpu_traffic) if math.isfinite(cpu_traffic) else 1.0
         for i in copy_resources & left.keys():

@@ -263,7 +263,8 @@ class HostSpec:
     def interference(self, directions: str, cpu_bytes_per_s: float | None = None) -> float:
         """The slowdown of a CPU pass while copies run in ``directions`` ("" when none): the measured factor,
         its excess over 1 scaled by ``dma_interference_curve`` at the pass's solo traffic ``cpu_bytes_per_s``
-        over the curve's value at its largest point (None: unscaled)."""
+        over the curve's value at its largest point (None: unscaled). A curve whose largest point is 1 (no
+        interference at all cores) scales nothing: the factors are then those of the all-core run."""
         factor = self.dma_interference.get(directions, 1.0) if directions else 1.0
         curve = self.dma_interference_curve
         if factor == 1.0 or not curve or cpu_bytes_per_s is None:

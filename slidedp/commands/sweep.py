@@ -19,7 +19,7 @@ from slidedp.sweep import resolve_named_policy, run_sweep
 # Printed columns: (table column, header, format). Those with one value in every row move to the caption, so
 # the table fits an 80-column terminal; the file keeps every column.
 _SHOWN = (("gpus", "GPUs", "{}"), ("seq", "seq", "{}"), ("batch", "batch", "{}"), ("system", "system", "{}"),
-          ("policy", "policy", "{}"), ("state", "state", "{}"), ("step_s", "step s", "{:.3f}"),
+          ("policy", "policy", "{}"), ("state", "state", "{}"), ("step_s", "step s", "{:#.3g}"),
           ("tokens_per_s", "tok/s", "{:,.0f}"), ("limiter", "limiter", "{}"), ("host_gib", "host GiB", "{:.1f}"),
           ("fits", "fits", "{}"))
 

@@ -22,9 +22,10 @@ def load_records(paths: list[str]) -> list[RunRecord]:
 
 
 def print_warning(line: str) -> None:
-    """One ``slidedp: warning:`` line on stderr, unwrapped and unhighlighted: how calibrate and validate say that
-    a result needs reading with care."""
-    Console(stderr=True).print(f"slidedp: warning: {line}", highlight=False, soft_wrap=True)
+    """One ``slidedp: warning:`` line on stderr, unwrapped, unhighlighted and without rich markup (run names
+    such as ``run[seed1]`` print as they are): how calibrate and validate say that a result needs reading with
+    care."""
+    Console(stderr=True).print(f"slidedp: warning: {line}", highlight=False, soft_wrap=True, markup=False)
 
 
 def cpu_runs_warning(records: list[RunRecord], profile: str) -> str | None:

@@ -175,7 +175,8 @@ def test_the_cards_memory_is_read_from_the_device_named_or_refused_in_one_line(m
 
 def test_a_top_k_beyond_the_candidates_refines_them_all_and_the_progress_ends_at_its_total():
     """--top-k larger than the feasible candidates simulates each once; the progress total becomes the real count
-    (it had stayed at policies + top-k, so a bar of 100,000 never filled), and the count only grows."""
+    (it had stayed at policies + top-k, so a bar of 100,000 sat far below full until the end), and the count only
+    grows."""
     model, hw = load_model_spec("qwen3-0.6b"), load_hardware("h200-x1")
     calls = []
     result = tune(model, hw, 2048, 4, resolve_budget(hw, None, None), SMALL, refine_top=100_000,
