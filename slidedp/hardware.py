@@ -66,15 +66,11 @@ def interpolate_curve(curve: dict[int, float], threads: int) -> float:
 def slowdown_curve_at(curve: dict[int, float], gbps: float) -> float:
     """A slowdown factor at ``gbps`` of CPU-pass DRAM traffic from a curve measured at a few traffics (GB/s ->
     factor >= 1): 1 at no traffic, linear from there to the first point and between points, flat beyond the
-    last; 1 where nothing was measured."""
+    last; 1 where nothing was measured. It is :func:`interpolate_curve` on the factors' excess over 1 (that
+    function's "linear from zero below the first point" is this one's "from 1")."""
     if not curve or gbps <= 0:
         return 1.0
-    xs = sorted(curve)
-    if gbps >= xs[-1]:
-        return curve[xs[-1]]
-    i = bisect.bisect_right(xs, gbps)
-    x0, y0 = (xs[i - 1], curve[xs[i - 1]]) if i else (0, 1.0)
-    return y0 + (curve[xs[i]] - y0) * (gbps - x0) / (xs[i] - x0)
+    return 1.0 + interpolate_curve({x: factor - 1.0 for x, factor in curve.items()}, gbps)
 
 
 def _check_slowdown_curve(where: str, curve: dict[int, float]) -> None:
