@@ -110,9 +110,9 @@ class ContentionRig:
         return rates
 
 
-def copy_slowdown_threads(cores: int, quick: bool) -> list[int]:
-    """Thread counts below ``cores`` at which the copies are timed beside the pass: 3/4, 1/2, 1/4 and 1/8 of
-    the cores (1/2 only with --quick), so the curve has points across the pass's DRAM traffic."""
+def contention_grid_threads(cores: int, quick: bool) -> list[int]:
+    """Thread counts below ``cores`` at which the pass and the copies are timed together: 3/4, 1/2, 1/4 and 1/8
+    of the cores (1/2 only with --quick), so both slowdown curves have points across the pass's DRAM traffic."""
     fractions = (0.5,) if quick else (0.75, 0.5, 0.25, 0.125)
     return sorted({max(1, round(cores * f)) for f in fractions} - {cores}, reverse=True)
 
@@ -142,7 +142,7 @@ def contention_benchmark(m: Measurements, quick: bool) -> None:
     # profile_fit.interference_curve).
     # Five repeats each: the pass's factor with copies scattered 1.32-1.54 over c35's grid at three.
     grid_repeats = 2 if quick else 5
-    for t in copy_slowdown_threads(out["threads"], quick):
+    for t in contention_grid_threads(out["threads"], quick):
         out[f"adam{t}_alone_s"] = statistics.median(rig.adam(t) for _ in range(grid_repeats))
         out[f"adam{t}_with_h2d+d2h_s"] = statistics.median(rig.adam_during(("h2d", "d2h"), t)[0]
                                                            for _ in range(grid_repeats))

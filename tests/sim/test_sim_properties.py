@@ -290,7 +290,7 @@ def test_the_copy_slowdown_curve_interpolates_in_the_passes_traffic_and_is_check
 def test_the_copy_slowdown_curve_is_read_off_copies_timed_beside_the_pass_at_each_thread_count():
     """calibration.profile_fit.copy_slowdown_curve: key = the pass's DRAM traffic alone at that thread count,
     value = the copies' rate alone over their rate beside it; equal traffic averaged; nothing without the copies."""
-    from slidedp.calibration.contention_bench import copy_slowdown_threads
+    from slidedp.calibration.contention_bench import contention_grid_threads
     from slidedp.calibration.profile_fit import copy_slowdown_curve
 
     gb = 2**28 * 28 / 1e9  # the pass's GB
@@ -313,9 +313,9 @@ def test_the_copy_slowdown_curve_is_read_off_copies_timed_beside_the_pass_at_eac
 
     host = replace(load_hardware("h200-x1").host, adam_gparams_per_s={2: 2.0, 4: 4.0, 8: 5.0, 16: 8.0})
     assert set(copy_slowdown_curve(c, host)) == {56, 84, 112, 140, 182, 224}  # 3 and 12: interpolated
-    assert copy_slowdown_threads(16, quick=False) == [12, 8, 4, 2]
-    assert copy_slowdown_threads(16, quick=True) == [8]
-    assert copy_slowdown_threads(1, quick=False) == []
+    assert contention_grid_threads(16, quick=False) == [12, 8, 4, 2]
+    assert contention_grid_threads(16, quick=True) == [8]
+    assert contention_grid_threads(1, quick=False) == []
 
 
 def test_the_passes_interference_scales_with_its_own_traffic_where_a_curve_was_measured():
