@@ -77,7 +77,9 @@ def measure(params: int, repeats: int, threads: tuple[int, ...] = THREADS) -> di
         raise SystemExit("the one-pass kernel did not build; the experiments time it")
     rig.adam()  # warm-up: pages touched, threads started
     rig.copies(("h2d", "d2h"), seconds=0.5)
-    out: dict = {"params": params}
+    # The pass at all cores, alone, before and after the experiments: how far this host's own AdamW rate moved
+    # while they ran (and against the calibration's adam_alone_s), which the contention model cannot know.
+    out: dict = {"params": params, "reference_start_s": statistics.median(rig.adam() for _ in range(repeats))}
     for name, t, dirs in experiments(threads):
         if dirs:
             out[f"{name}_s"] = statistics.median(rig.adam_during(dirs, t)[0] for _ in range(repeats))
@@ -93,6 +95,7 @@ def measure(params: int, repeats: int, threads: tuple[int, ...] = THREADS) -> di
     out["h2d_x1_gbps"] = statistics.median(rig.copies(("h2d",), seconds=2.0)["h2d"] for _ in range(repeats))
     out["h2d_x2_gbps"] = statistics.median(sum(rig.copies(("h2d", "h2d_b"), seconds=2.0).values())
                                            for _ in range(repeats))
+    out["reference_end_s"] = statistics.median(rig.adam() for _ in range(repeats))
     return out
 
 
@@ -138,7 +141,7 @@ def refit(run: Path) -> str:
     return str(path)
 
 
-def _compare(predicted: dict, measured: dict) -> None:
+def _compare(predicted: dict, measured: dict, calibration: dict | None = None) -> None:
     keys = [k for k in predicted if k in measured and k != "params"]
     within = 0
     for key in keys:
@@ -147,6 +150,26 @@ def _compare(predicted: dict, measured: dict) -> None:
         error = f"{100 * (p - m) / m:+6.1f}%" if m else "   n/a"
         log(f"{key:20s} predicted {p:9.4f} measured {m:9.4f} error {error}")
     log(f"{within} of {len(keys)} within 10%")
+    if "reference_start_s" in measured:
+        log(_drift_line(measured, calibration))
+
+
+def _calibration(out: Path) -> dict | None:
+    """The contention measurements of --calibrate-first's calibration in ``out``, if it ran there."""
+    path = out / "calibration.json"
+    return json.loads(path.read_text()).get("contention") if path.exists() else None
+
+
+def _drift_line(measured: dict, calibration: dict | None) -> str:
+    """How much the all-core pass alone moved from the calibration (when there was one) to the experiments' start
+    and end: a miss of the pass's own time by about this much is the host's drift, not contention."""
+    start, end = measured["reference_start_s"], measured["reference_end_s"]
+    line = (f"all-core pass alone: {start:.4f} s before the experiments, {end:.4f} s after "
+            f"({100 * (end / start - 1):+.1f}%)")
+    calibrated = (calibration or {}).get("adam_alone_s")
+    if calibrated and calibration.get("params") == measured["params"]:
+        line += f"; the calibration's {calibrated:.4f} s ({100 * (start / calibrated - 1):+.1f}% at the start)"
+    return line
 
 
 def main() -> None:
@@ -169,7 +192,7 @@ def main() -> None:
         measured = json.loads((out / "measured.json").read_text())
         threads = tuple(sorted({int(k[4:-2]) for k in measured if k.startswith("adam") and k[4:-2].isdigit()},
                                reverse=True))
-        _compare(predict(refit(out), measured["params"], threads), measured)
+        _compare(predict(refit(out), measured["params"], threads), measured, _calibration(out))
         return
     out.mkdir(parents=True, exist_ok=True)
     profile = calibrate_host(args.profile, out) if args.calibrate_first else args.profile
@@ -181,7 +204,7 @@ def main() -> None:
         return
     measured = measure(args.params, args.repeats, threads)
     (out / "measured.json").write_text(json.dumps(measured, indent=1))
-    _compare(predicted, measured)
+    _compare(predicted, measured, _calibration(out))
 
 
 if __name__ == "__main__":
