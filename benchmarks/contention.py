@@ -113,8 +113,8 @@ def calibrate_host(base: str, out: Path) -> str:
     profile, report = profile_from(load_hardware(base), m)
     path = out / "profile.yaml"
     profile.save(path)
-    (out / "calibration.json").write_text(json.dumps({k: report[k] for k in ("contention", "mem_bw_gbps")
-                                                      if k in report} | {
+    kept = ("contention", "contention_repeat_spread", "mem_bw_gbps")
+    (out / "calibration.json").write_text(json.dumps({k: report[k] for k in kept if k in report} | {
         "adam_gparams_per_s": profile.host.adam_gparams_per_s, "dma_interference": profile.host.dma_interference,
         "copy_slowdown": profile.host.copy_slowdown, "dma_interference_curve": profile.host.dma_interference_curve,
         "cpu_dram_weight": profile.host.cpu_dram_weight}, indent=1, default=str))

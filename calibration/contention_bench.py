@@ -128,27 +128,38 @@ def contention_benchmark(m: Measurements, quick: bool) -> None:
     rig.adam()  # warm-up: pages touched, threads started
     rig.copies(("h2d", "d2h"), seconds=0.3)
     out: dict[str, float] = {"params": rig.params, "adam_bytes_per_param": rig.adam_bytes_per_param,
-                             "threads": torch.get_num_threads(),
-                             "adam_alone_s": statistics.median(rig.adam() for _ in range(repeats))}
+                             "threads": torch.get_num_threads()}
+    spread: dict[str, float] = {}
+
+    def timed(key: str, samples: list[float]) -> None:
+        out[key], spread[key] = statistics.median(samples), repeat_spread(samples)
+
+    timed("adam_alone_s", [rig.adam() for _ in range(repeats)])
     for key, dirs in (("h2d", ("h2d",)), ("d2h", ("d2h",)), ("h2d+d2h", ("h2d", "d2h"))):
-        out[f"adam_with_{key}_s"] = statistics.median(rig.adam_during(dirs)[0] for _ in range(repeats))
+        timed(f"adam_with_{key}_s", [rig.adam_during(dirs)[0] for _ in range(repeats)])
     # The copies' rate over the pass alone (they start and stop with it), not over adam_during's longer window.
-    out["dma_gbps_with_adam"] = statistics.median(sum(rig.copies_during_adam(("h2d", "d2h")).values())
-                                                  for _ in range(repeats))
-    out["dma_gbps_alone"] = statistics.median(sum(rig.copies(("h2d", "d2h"), seconds=1.0).values())
-                                              for _ in range(repeats))
+    timed("dma_gbps_with_adam", [sum(rig.copies_during_adam(("h2d", "d2h")).values()) for _ in range(repeats)])
+    timed("dma_gbps_alone", [sum(rig.copies(("h2d", "d2h"), seconds=1.0).values()) for _ in range(repeats)])
     # The pass and the copies together at fewer threads (less DRAM traffic): how both slowdowns depend on the
     # pass's traffic, which one all-core point cannot give (profile_fit.copy_slowdown_curve,
     # profile_fit.interference_curve).
     # Five repeats each: the pass's factor with copies scattered 1.32-1.54 over c35's grid at three.
     grid_repeats = 2 if quick else 5
     for t in contention_grid_threads(out["threads"], quick):
-        out[f"adam{t}_alone_s"] = statistics.median(rig.adam(t) for _ in range(grid_repeats))
-        out[f"adam{t}_with_h2d+d2h_s"] = statistics.median(rig.adam_during(("h2d", "d2h"), t)[0]
-                                                           for _ in range(grid_repeats))
-        out[f"dma_gbps_with_adam{t}"] = statistics.median(sum(rig.copies_during_adam(("h2d", "d2h"), t).values())
-                                                          for _ in range(grid_repeats))
+        timed(f"adam{t}_alone_s", [rig.adam(t) for _ in range(grid_repeats)])
+        timed(f"adam{t}_with_h2d+d2h_s", [rig.adam_during(("h2d", "d2h"), t)[0] for _ in range(grid_repeats)])
+        timed(f"dma_gbps_with_adam{t}", [sum(rig.copies_during_adam(("h2d", "d2h"), t).values())
+                                         for _ in range(grid_repeats)])
     adam_gbps = rig.params * rig.adam_bytes_per_param / out["adam_with_h2d+d2h_s"] / 1e9
     out["total_gbps"] = adam_gbps + out["dma_gbps_with_adam"]
     m.contention = out
     m.report["contention"] = {k: round(v, 4) for k, v in out.items()}
+    # How far each experiment's repeats ranged: what a contention prediction on this host can be held to. The
+    # pass beside both copies at 6 threads ran 1.45-1.72x its time alone over six rounds on one machine (c41),
+    # and 1.83x in the median of three on another (c40; benchmarks/RESULTS.md).
+    m.report["contention_repeat_spread"] = {k: round(v, 3) for k, v in spread.items()}
+
+
+def repeat_spread(samples: list[float]) -> float:
+    """The largest repeat over the smallest, less one (0.12: the repeats ranged 12%); 0 for one sample."""
+    return max(samples) / min(samples) - 1 if len(samples) > 1 and min(samples) > 0 else 0.0

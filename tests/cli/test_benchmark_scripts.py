@@ -148,6 +148,13 @@ def test_contention_refit_redoes_an_earlier_calls_predictions_with_this_code(tmp
     predicted = {line.split()[0]: float(line.split()[2]) for line in out.splitlines() if " predicted " in line}
     (tmp_path / "measured.json").write_text(json.dumps({"params": 2**24, **predicted}))
     assert "2 of 2 within 10%" in bench("contention", "--refit", "--out", tmp_path).stdout
+    # A call that timed the all-core pass before and after its experiments says how far it moved, and against the
+    # calibration's own pass where that was the same size.
+    (tmp_path / "measured.json").write_text(json.dumps({"params": 2**28, **predicted, "reference_start_s": 0.25,
+                                                        "reference_end_s": 0.275}))
+    out = bench("contention", "--refit", "--out", tmp_path).stdout
+    assert "0.2500 s before the experiments, 0.2750 s after (+10.0%)" in out
+    assert f"the calibration's {gb / 120:.4f} s ({100 * (0.25 / (gb / 120) - 1):+.1f}% at the start)" in out
 
 
 def test_compact_state_driver_runs_every_part_on_the_cpu(tmp_path, tiny_config):

@@ -318,6 +318,15 @@ def test_the_copy_slowdown_curve_is_read_off_copies_timed_beside_the_pass_at_eac
     assert contention_grid_threads(1, quick=False) == []
 
 
+def test_the_contention_calibration_reports_how_far_its_repeats_ranged():
+    """calibration.contention_bench.repeat_spread: largest over smallest less one, so a user sees what a
+    contention prediction on the host can be held to; one sample (or a zero) has no spread."""
+    from slidedp.calibration.contention_bench import repeat_spread
+
+    assert repeat_spread([0.10, 0.12, 0.11]) == pytest.approx(0.2)
+    assert repeat_spread([0.05]) == 0.0 and repeat_spread([0.0, 1.0]) == 0.0
+
+
 def test_the_passes_interference_scales_with_its_own_traffic_where_a_curve_was_measured():
     """HostSpec.interference: a direction set's factor keeps its excess over 1 scaled by the h2d+d2h curve at the
     pass's traffic over the curve's top; no traffic given, or no curve: the factor as measured at all cores. The
