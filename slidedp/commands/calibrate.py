@@ -55,7 +55,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         load_model_spec(model)
     if args.from_run:
         records = load_records(args.from_run)
-        warning = cpu_runs_warning(records, base.name)
+        warning = cpu_runs_warning(records, base)
         if warning:
             print_warning(f"{warning}; the refit describes this CPU as the device")
         warning = more_ranks_warning(records, base)

@@ -26,7 +26,7 @@ def run_validate(args: argparse.Namespace) -> int:
     hw = load_hardware(args.hardware)
     table = validate(records, hw)
     console = Console()
-    for warning in (cpu_runs_warning(records, args.hardware), more_ranks_warning(records, hw)):
+    for warning in (cpu_runs_warning(records, hw), more_ranks_warning(records, hw)):
         if warning:
             print_warning(warning)
     console.print(validation_table(f"{args.hardware}: MAPE {mape(table):.1f}%, limiter matches "

@@ -28,14 +28,14 @@ def print_warning(line: str) -> None:
     Console(stderr=True).print(f"slidedp: warning: {line}", highlight=False, soft_wrap=True, markup=False)
 
 
-def cpu_runs_warning(records: list[RunRecord], profile: str) -> str | None:
+def cpu_runs_warning(records: list[RunRecord], hw: HardwareProfile) -> str | None:
     """One warning line where runs measured on the CPU are judged against a profile of a GPU host: their errors
     say how far this CPU is from that host, not how good the profile is."""
     cpu = [r.label for r in records if r.measured_on_cpu]
     if not cpu:
         return None
     names = ", ".join(cpu[:3]) + (f" and {len(cpu) - 3} more" if len(cpu) > 3 else "")
-    return (f"{names} ran on the CPU: {profile} prices a GPU host, so these errors measure the difference "
+    return (f"{names} ran on the CPU: {hw.name} prices a GPU host, so these errors measure the difference "
             f"between the two, not the profile")
 
 
