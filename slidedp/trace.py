@@ -69,7 +69,7 @@ def load_trace(path: str | Path) -> pd.DataFrame:
             df = from_chrome_trace(json.loads(path.read_text()))
         else:
             df = pd.read_csv(path)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, TypeError) as exc:
         raise SlideDPError(f"cannot read trace {str(path)!r}: {exc}") from None
     return validate_trace(df)
 
@@ -111,12 +111,36 @@ def to_chrome_trace(df: pd.DataFrame) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def from_chrome_trace(data: dict) -> pd.DataFrame:
+def from_chrome_trace(data: object) -> pd.DataFrame:
+    """The rows of a Chrome trace that SlideDP wrote (:func:`to_chrome_trace`: every column in each complete
+    event's ``args``). A profiler's trace (torch.profiler, Nsight export) lacks those columns: ValueError naming
+    the first event that does, so the caller can say so in one line."""
+    events = data.get("traceEvents") if isinstance(data, dict) else None
+    if not isinstance(events, list):
+        raise ValueError("not a Chrome trace (a JSON object whose traceEvents is a list)")
+
+    absent = object()
+
     def column(args: dict, name: str):
+        if name in args:
+            return args[name]
         old = next((o for o, n in _RENAMED_COLUMNS.items() if n == name and o in args), None)
-        return args[name] if name in args or old is None else args[old]
-    rows = [tuple(column(e["args"], c) for c in TRACE_COLUMNS) for e in data.get("traceEvents", [])
-            if e.get("ph") == "X"]
+        return absent if old is None else args[old]
+
+    rows = []
+    for i, event in enumerate(events):
+        if not isinstance(event, dict):
+            raise ValueError(f"traceEvents[{i}] is not an object")
+        if event.get("ph") != "X":
+            continue
+        args = event.get("args")
+        row = tuple(column(args, c) for c in TRACE_COLUMNS) if isinstance(args, dict) else (absent,) * len(
+            TRACE_COLUMNS)
+        missing = [c for c, v in zip(TRACE_COLUMNS, row, strict=True) if v is absent]
+        if missing:
+            raise ValueError(f"traceEvents[{i}] ({event.get('name', '?')!s:.40}) lacks {', '.join(missing)} in its "
+                             "args: only traces SlideDP wrote (train or simulate --trace) can be read")
+        rows.append(row)
     return make_trace(rows)
 
 

@@ -81,6 +81,16 @@ def _files(tmp) -> dict[str, str]:
     for name in ("dir.json", "dir.csv", "dir.yaml"):  # directories where a command writes a file
         (tmp / name).mkdir()
     (tmp / "not_a_trace.csv").write_text("a,b\n1,2\n")
+    profiler_event = {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 10, "dur": 5,
+                      "args": {"stream": 7}}  # a torch.profiler-style event: none of SlideDP's columns
+    for name, data in {"trace_profiler": {"traceEvents": [profiler_event]}, "trace_int": {"traceEvents": 5},
+                       "trace_list": [], "trace_ints": {"traceEvents": [1, 2]},
+                       "trace_no_args": {"traceEvents": [{"ph": "X", "name": "k"}]}}.items():
+        (tmp / f"{name}.json").write_text(json.dumps(data))
+        out[name] = str(tmp / f"{name}.json")
+    (tmp / "foreign_run").mkdir()
+    (tmp / "foreign_run" / "trace.json").write_text(json.dumps({"traceEvents": [profiler_event]}))
+    out["foreign_run"] = str(tmp / "foreign_run")
     out.update(data=str(tmp / "data.txt"), empty_dir=str(tmp / "empty_dir"), not_a_trace=str(tmp / "not_a_trace.csv"),
                good=str(tmp / "cfg_good.json"), tmp=str(tmp))
     (tmp / "cfg_good.json").write_text(json.dumps(good))
@@ -193,6 +203,13 @@ CASES: list[list[str]] = [
     ["calibrate", "--quick", "--out", "{tmp}/p.txt"],
     ["simulate", "--hardware", "{tmp}"],
     ["report", "{not_a_trace}", "--out", "{data}/r"],
+    ["report", "{trace_profiler}", "--out", "{tmp}/r"],
+    ["report", "{trace_int}", "--out", "{tmp}/r"],
+    ["report", "{trace_list}", "--out", "{tmp}/r"],
+    ["report", "{trace_ints}", "--out", "{tmp}/r"],
+    ["report", "{trace_no_args}", "--out", "{tmp}/r"],
+    ["validate", "{foreign_run}"],
+    ["calibrate", "--from-run", "{foreign_run}", "--out", "{tmp}/c.yaml"],
     ["validate", "{empty_dir}", "--out", "{tmp}/dir.csv"],
     ["calibrate", "--quick", "--out", "{data}/p.yaml"],
     ["calibrate", "--quick", "--out", "/proc/slidedp-p.yaml"],
