@@ -25,7 +25,7 @@ from slidedp.errors import SlideDPError
 from slidedp.hardware import HardwareProfile, HostSpec
 from slidedp.model_spec import ModelSpec
 from slidedp.policy import Policy
-from slidedp.report.rundir import load_run
+from slidedp.report.rundir import HARDWARE_FILE, load_run
 from slidedp.sim import simulate
 from slidedp.workload import StepWorkload, policy_units
 
@@ -44,6 +44,8 @@ class RunRecord:
     trace: pd.DataFrame
     attention_span: float | None = None  # packed rows through the varlen kernel (RunSummary.attention_span)
     device: str | None = None  # where a measured run computed (RunSummary.device); None: simulated or not said
+    hardware: str | None = None  # the profile the run was made or predicted with (RunSummary.hardware)
+    hardware_file: str | None = None  # that profile as its run directory saved it (rundir.HARDWARE_FILE)
 
     @property
     def measured_on_cpu(self) -> bool:
@@ -67,19 +69,32 @@ def load_record(path: str | Path) -> RunRecord:
                      seq=int(s.seq), batch=int(s.batch), ranks=int(ranks), adam_threads=s.adam_threads,
                      measured_s=float(s.step_time_s),
                      measured_limiter=str(s.limiter if "limiter" in s.given else ""), trace=run.trace,
-                     attention_span=s.attention_span, device=s.device if "device" in s.given else None)
+                     attention_span=s.attention_span, device=s.device if "device" in s.given else None,
+                     hardware=s.hardware if "hardware" in s.given else None,
+                     hardware_file=str(run.path / HARDWARE_FILE) if (run.path / HARDWARE_FILE).is_file() else None)
 
 
 def validate(records: list[RunRecord], hw: HardwareProfile) -> pd.DataFrame:
     """Predicted vs measured step time per run, the error, and whether the limiter matches."""
     rows = []
     for r in records:
-        sim = simulate(r.workload(hw))
+        try:
+            sim = simulate(r.workload(hw))
+        except SlideDPError as exc:
+            raise SlideDPError(f"run {r.label!r} on {hw.name}: {exc}{_other_profile_hint(r, hw)}") from None
         rows.append({"label": r.label, "measured_s": r.measured_s, "predicted_s": sim.step_time_s,
                      "error_percent": 100 * (sim.step_time_s - r.measured_s) / r.measured_s,
                      "measured_limiter": r.measured_limiter, "predicted_limiter": sim.limiter,
                      "limiter_match": r.measured_limiter == sim.limiter})
     return pd.DataFrame(rows)
+
+
+def _other_profile_hint(r: RunRecord, hw: HardwareProfile) -> str:
+    """Where a run cannot be predicted on ``hw`` and was made with another profile: how to name that one."""
+    if not r.hardware or r.hardware == hw.name:
+        return ""
+    saved = f", saved as {r.hardware_file}" if r.hardware_file else ""
+    return f" (the run was made with {r.hardware}{saved}: give that profile)"
 
 
 def mape(table: pd.DataFrame) -> float:

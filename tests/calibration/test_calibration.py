@@ -621,3 +621,19 @@ def test_runs_with_more_ranks_than_the_profiles_gpus_are_validated_with_a_warnin
     assert "run[seed1] ran 2 ranks, more than h200-x1's 1 GPU(s)" in err and paths[1].name not in err
     assert main(["validate", "--hardware", "h200-x1", str(paths[1])]) == 0
     assert "more than" not in capsys.readouterr().err
+
+
+def test_a_run_that_cannot_be_predicted_on_the_profile_names_itself_and_the_profile_it_was_made_with(tmp_path,
+                                                                                                     capsys):
+    """validate and calibrate --from-run: a run made on a bigger machine (4 ranks x 28 optimizer threads) judged
+    against the default 16-core h200-x1 is one error line that names the run and the profile it saved."""
+    Policy(chunks_per_layer=4, adam_threads=28).save(tmp_path / "policy.yaml")
+    path = tmp_path / "big"
+    assert main(["simulate", "--model", "qwen3-4b", "--hardware", "h100-sxm-x4", "--seq", "1024", "--batch", "4",
+                 "--policy", str(tmp_path / "policy.yaml"), "--out", str(path)]) == 0
+    for argv in (["validate", str(path)], ["calibrate", "--from-run", str(path), "--out", str(tmp_path / "c.yaml")]):
+        assert main(argv) == 2
+        error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("slidedp: error:")]
+        assert len(error) == 1 and "run 'big' on h200-x1: policy.adam_threads 28" in error[0], error
+        assert f"made with h100-sxm-x4, saved as {path / 'hardware.yaml'}" in error[0], error
+    assert main(["validate", str(path), "--hardware", str(path / "hardware.yaml")]) == 0
