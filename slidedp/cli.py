@@ -100,9 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = sub.add_parser("sweep", help="simulate a grid of batch, sequence length, GPU count and policy")
     add_problem_args(sweep, batch_default=None)
+    sweep.set_defaults(seq=None)  # so that --seq beside --seqs is seen, not silently dropped
     sweep.add_argument("--seqs", type=positive_int, nargs="+", help="sequence lengths (default: --seq)")
-    sweep.add_argument("--batches", type=positive_int, nargs="+", default=[4, 8, 16, 32, 64],
-                       help="global batches in sequences (default 4 8 16 32 64)")
+    sweep.add_argument("--batches", type=positive_int, nargs="+",
+                       help="global batches in sequences (default: --batch, else 4 8 16 32 64)")
     sweep.add_argument("--gpu-counts", type=positive_int, nargs="+", help="GPU counts (default: 1, 2, 4... up "
                        "to the profile's)")
     sweep.add_argument("--policies", nargs="+", default=["sharded", "replicated"],

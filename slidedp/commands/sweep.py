@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slidedp.commands.progress import progress_callback
+from slidedp.errors import SlideDPError
 from slidedp.model_spec import load_model_spec
 from slidedp.output_paths import check_output_file
 from slidedp.problem import resolve_hardware
@@ -52,14 +53,27 @@ def _cell(fmt: str, value) -> str:
         return str(value)
 
 
+DEFAULT_BATCHES = (4, 8, 16, 32, 64)
+
+
+def sweep_axis(many: list[int] | None, one: int | None, default: tuple[int, ...], flags: tuple[str, str]) -> list[int]:
+    """One axis of the grid: ``--seqs`` / ``--batches`` as given, else the single ``--seq`` / ``--batch``, else
+    the default; both given is an error rather than one of them silently dropped."""
+    if many and one is not None:
+        raise SlideDPError(f"give {flags[0]} or {flags[1]}, not both")
+    return list(many or ([one] if one is not None else default))
+
+
 def run_sweep_command(args: argparse.Namespace) -> int:
     out = check_output_file(args.out, "--out", (".csv", ".parquet"))
+    seqs = sweep_axis(args.seqs, args.seq, (4096,), ("--seqs", "--seq"))
+    batches = sweep_axis(args.batches, args.batch, DEFAULT_BATCHES, ("--batches", "--batch"))
     spec = load_model_spec(args.model)
     hw = resolve_hardware(args.hardware, args.gpus)
     gpu_counts = args.gpu_counts or sorted({g for g in (1, 2, 4, 8) if g <= hw.num_gpus} | {hw.num_gpus})
     policies = [resolve_named_policy(p) for p in args.policies]
     with progress_callback("sweeping") as progress:
-        table = run_sweep(spec, hw, args.seqs or [args.seq], args.batches, gpu_counts, policies, args.gpu_budget,
+        table = run_sweep(spec, hw, seqs, batches, gpu_counts, policies, args.gpu_budget,
                           simulate_points=not args.analytical, progress=progress,
                           systems=getattr(args, "systems", None) or ["slidedp"],
                           states=tuple(dict.fromkeys(getattr(args, "state", None) or ["fp32"])),
@@ -71,7 +85,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     hosts = getattr(args, "hosts", 1)  # the table's GPU counts are per host, as gpu_counts are
     dropped = [g * hosts for g in sorted(set(gpu_counts) - set(table.gpus))] if len(table) else []
     if dropped:
-        console.print(f"left out: {', '.join(map(str, dropped))} GPU(s), which no batch of {args.batches} divides",
+        console.print(f"left out: {', '.join(map(str, dropped))} GPU(s), which no batch of {batches} divides",
                       highlight=False)
     shown, caption = sweep_table(table)
     console.print(shown)

@@ -214,12 +214,27 @@ def test_cli_simulate_sweep_report(tmp_path, capsys):
     (["sweep", "--policies", "fastest"], "unknown policy"),
     (["sweep", "--gpu-counts", "16"], "exceeds the 4 GPU"),
     (["sweep", "--out", "table.xlsx"], ".csv or .parquet"),
+    (["sweep", "--batch", "8", "--batches", "4", "8"], "give --batches or --batch, not both"),
+    (["sweep", "--seq", "1024", "--seqs", "2048"], "give --seqs or --seq, not both"),
 ])
 def test_report_and_sweep_errors(capsys, argv, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_sweep_takes_a_single_batch_and_seq_as_its_axes(tmp_path, capsys):
+    """--batch alone sweeps that one batch (it was dropped for the default 4-64), --seq alone that one length."""
+    out = tmp_path / "s.csv"
+    assert main(["sweep", "--model", "qwen3-0.6b", "--hardware", "h100-sxm-x4", "--seq", "1024", "--batch", "8",
+                 "--analytical", "--out", str(out)]) == 0
+    table = pd.read_csv(out)
+    assert set(table["batch"]) == {8} and set(table["seq"]) == {1024}
+    assert main(["sweep", "--model", "qwen3-0.6b", "--hardware", "h100-sxm-x4", "--analytical", "--gpu-counts", "1",
+                 "--out", str(out)]) == 0
+    table = pd.read_csv(out)
+    assert sorted(set(table["batch"])) == [4, 8, 16, 32, 64] and set(table["seq"]) == {4096}
 
 
 def test_sweep_names_the_gpu_counts_no_batch_divides(tmp_path, capsys):
