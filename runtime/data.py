@@ -23,7 +23,7 @@ from slidedp.errors import SlideDPError
 from slidedp.runtime.data_sources import DataSource
 from slidedp.runtime.formats import FORMATS, FieldMap, Formatter, detect_format
 from slidedp.runtime.packing import TOO_LONG, PackStats, Rows, pack_examples, pack_stream
-from slidedp.runtime.text_tokenizers import BYTE_EOS, ByteTokenizer, load_tokenizer
+from slidedp.runtime.text_tokenizers import BYTE_EOS, BYTE_TOKENIZER, ByteTokenizer, check_tokenizer_dir, load_tokenizer
 
 __all__ = ["BYTE_EOS", "ByteTokenizer", "DataSpec", "LoadedData", "PackStats", "PackedData", "Rows", "load_data",
            "load_tokenizer"]
@@ -62,6 +62,8 @@ class DataSpec:
             if given:
                 raise SlideDPError(f"--data synthetic is random tokens with no examples to read or hold out: "
                                    f"{', '.join(given)} cannot apply")
+            if self.tokenizer not in (None, BYTE_TOKENIZER):  # read by --export-hf only: checked now, not then
+                check_tokenizer_dir(self.tokenizer)
         FieldMap.parse(self.fields)
 
 

@@ -49,18 +49,24 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.mo
                    "sentencepiece.bpe.model")
 
 
+def check_tokenizer_dir(path: str) -> None:
+    """A local HF tokenizer directory holds a tokenizer's files, or one error line says what is wrong; cheap (no
+    transformers import), so a run can check it before anything else."""
+    if not Path(path).is_dir():
+        raise SlideDPError(f"tokenizer {path!r}: not a directory (give a local HF tokenizer directory or 'bytes')")
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+        # transformers would build an empty tokenizer from a model's config alone (every text one token)
+        raise SlideDPError(f"tokenizer {path!r} holds no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...): "
+                           f"a model directory has one only if it was saved with it")
+
+
 class HFTokenizer:
     """A local ``AutoTokenizer`` directory behind the pipeline's interface."""
 
     def __init__(self, path: str, vocab_size: int):
         from transformers import AutoTokenizer
 
-        if not Path(path).is_dir():
-            raise SlideDPError(f"tokenizer {path!r}: not a directory (give a local HF tokenizer directory or 'bytes')")
-        if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
-            # transformers would build an empty tokenizer from a model's config alone (every text one token)
-            raise SlideDPError(f"tokenizer {path!r} holds no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...): "
-                               f"a model directory has one only if it was saved with it")
+        check_tokenizer_dir(path)
         try:
             self.tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError) as exc:

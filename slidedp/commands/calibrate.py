@@ -49,6 +49,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise SlideDPError("--host-only measures the CPU alone; it takes neither --model nor --from-run")
     if args.quick and args.from_run:
         raise SlideDPError("--quick shortens the micro-benchmarks, which --from-run does not run: give one of them")
+    if args.model and args.from_run:
+        raise SlideDPError("--model times a model's layers on this machine, which --from-run does not do (each run "
+                           "names its own model): give one of them")
     out = check_output_file(args.out, "--out", (".yaml", ".yml", ".json"))  # a profile, as load_hardware reads
     base = load_hardware(args.base)
     for model in args.model or []:  # a bad --model fails now, not after minutes of benchmarks

@@ -197,6 +197,9 @@ def run_peer_simulate(args: argparse.Namespace) -> int:
     if getattr(args, "attention_span", None) is not None:
         raise SlideDPError(f"--attention-span prices slidedp's varlen path for packed rows; {args.system} is "
                            "simulated on whole rows, as it was measured")
+    if getattr(args, "state", None) is not None:
+        raise SlideDPError(f"--state applies to slidedp only; {args.system} keeps the optimizer state it keeps "
+                           "when measured (--peers lists each system's host bytes per parameter)")
     spec = load_model_spec(args.model)
     hw = resolve_hardware(args.hardware, args.gpus)
     step = peer_step(args.system, spec, hw, args.seq, args.batch)

@@ -102,6 +102,9 @@ def test_cpu_runs_keep_the_base_links_and_say_why(tmp_path, capsys):
     assert main(["validate", *map(str, paths)]) == 0
     assert "ran on the CPU: h200-x1 prices a GPU host" in capsys.readouterr().err
     assert main(["calibrate", "--quick", "--from-run", str(paths[0])]) == 2
+    capsys.readouterr()
+    assert main(["calibrate", "--model", "qwen3-8b", "--from-run", str(paths[0])]) == 2  # --model was ignored
+    assert "--model times a model's layers on this machine" in capsys.readouterr().err
 
 
 def test_refit_from_runs_lowers_the_prediction_error(tmp_path):

@@ -198,6 +198,8 @@ CASES: list[list[str]] = [
     ["tune", "--model", "qwen3-0.6b", "--batch", "8", "--out", "{tmp}/p.yaml", "--table", "{tmp}/p.yaml"],
     [*TRAIN, "--model", "{good}", "--data", "synthetic", "--eval-fraction", "0.5"],
     [*TRAIN, "--model", "{good}", "--data", "synthetic", "--format", "messages"],
+    [*TRAIN, "--model", "{good}", "--data", "synthetic", "--tokenizer", "{tmp}/no-such-tokenizer"],
+    [*TRAIN, "--model", "{good}", "--data", "synthetic", "--tokenizer", "{empty_dir}"],
     [*TRAIN, "--model", "{good}", "--export-hf", "{tmp}/run"],
     [*TRAIN, "--model", "{good}", "--device", "cuda:abc"],
     ["calibrate", "--quick", "--out", "{tmp}/p.txt"],

@@ -43,6 +43,7 @@ def test_default_system_json_has_no_system_key(capsys):
     ([*SIM, "--system", "megatron"], "unknown system 'megatron'"),
     ([*SIM[:4], "h100-sxm-x1", *SIM[5:], "--system", "zero2-offload"], "no CPU AdamW rate for 'deepspeed_cpu_adam'"),
     ([*SIM, "--system", "ddp-resident", "--policy", "p.yaml"], "--policy applies to slidedp only"),
+    ([*SIM, "--system", "zero2-offload", "--state", "bf16+int8"], "--state applies to slidedp only"),
     ([*SIM, "--system", "ddp-resident", "--gpu-budget", "5"], "ddp-resident does not fit"),
     (["sweep", "--model", "qwen3-0.6b", "--hardware", "h200-x1", "--batches", "1", "--systems", "slidedp", "x"],
      "unknown system 'x'"),
