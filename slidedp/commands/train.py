@@ -103,14 +103,12 @@ def launch_ranks(args: argparse.Namespace, spec) -> int:
         Path(exit_file).unlink(missing_ok=True)
         lock.release()
     if received:
-        print(f"slidedp: interrupted ({signal.Signals(received[0]).name}); every rank stopped and the shared state "
-              f"was removed", file=sys.stderr)
-        return 130
+        sig = signal.Signals(received[0])
+        print(f"slidedp: interrupted ({sig.name}); every rank stopped and the shared state was removed; "
+              f"{checkpoint_state(spec.out)}", file=sys.stderr)
+        return 128 + sig
     if code != 0:
-        from slidedp.runtime.checkpoint_history import latest
-
-        ckpt = latest(spec.out)
-        state = f"the last complete checkpoint {ckpt} is intact" if ckpt.exists() else "no checkpoint was written"
+        state = checkpoint_state(spec.out)
         if stopped is not None:  # a rank stopped the run on purpose: its code and reason, once
             print(f"slidedp: error: {stopped[1]}", file=sys.stderr)
             return stopped[0]
@@ -144,6 +142,30 @@ def check_rank_placement(nproc: int, ranks_per_gpu: int, device: str) -> None:
                            f"add --ranks-per-gpu {-(-nproc // max(visible, 1))}, or use --device cpu")
     if nproc % ranks_per_gpu:
         raise SlideDPError(f"--nproc {nproc} is not a multiple of --ranks-per-gpu {ranks_per_gpu}")
+
+
+def checkpoint_state(out: Path) -> str:
+    """What a stopped run leaves to resume from, for its last line: the latest complete checkpoint and its step,
+    or that none was written (a checkpoint directory only appears complete: checkpoint_files saves by rename)."""
+    from slidedp.runtime.checkpoint_files import META_FILE, read_meta
+    from slidedp.runtime.checkpoint_history import latest
+
+    ckpt = latest(out)
+    if not ckpt.exists():
+        return "no checkpoint was written"
+    try:
+        step = f" (step {read_meta(ckpt / META_FILE, str(ckpt))['data_step']})"
+    except (SlideDPError, KeyError):
+        step = ""
+    return f"the last complete checkpoint {ckpt}{step} is intact"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to a one-process run, unwound as Ctrl-C is: the same cleanup, and a line instead of a silent 143."""
+
+
+def _raise_terminated(_signum, _frame) -> None:
+    raise Terminated
 
 
 def _read_stop(path: Path) -> tuple[int, str] | None:
@@ -203,14 +225,21 @@ def run_train(args: argparse.Namespace) -> int:
                         disable=not console.is_terminal)
     task = progress.add_task("train", total=target, completed=start, info="")
     trainer.on_step = step_reporter(progress, task, console, spec.world, target)
-    lock = None
+    lock, on_term = None, None
     if "WORLD_SIZE" not in os.environ:  # one process: it holds the run directory (a launcher holds it for ranks)
         from slidedp.runtime.lifetime import RunLock
 
         lock = RunLock(spec.out)
+        on_term = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         with progress:
             summary = trainer.run()
+    except KeyboardInterrupt as caught:
+        if lock is None:  # a rank: its launcher says it once for every rank
+            raise
+        sig = signal.SIGTERM if isinstance(caught, Terminated) else signal.SIGINT
+        print(f"slidedp: interrupted ({sig.name}); {checkpoint_state(spec.out)}", file=sys.stderr)
+        return 128 + sig
     except (torch.OutOfMemoryError, TrainingStopped) as caught:
         # A rank's stop on purpose or out of GPU memory: its launcher reports the reason once, with its code
         # (torchrun turns every failed rank into exit code 1).
@@ -220,6 +249,8 @@ def run_train(args: argparse.Namespace) -> int:
             return exc.exit_code
         raise exc from None
     finally:
+        if on_term is not None:
+            signal.signal(signal.SIGTERM, on_term)
         if lock is not None:
             lock.release()
     if spec.world > 1 and int(os.environ.get("RANK", "0")) != 0:

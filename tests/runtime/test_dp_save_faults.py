@@ -62,7 +62,7 @@ def _wait_gone(launcher_pid: int, deadline: float = 60.0) -> None:
 @pytest.mark.parametrize("target, sig, code", [
     pytest.param("rank0", signal.SIGKILL, 1, marks=pytest.mark.slow),
     pytest.param("rank0", signal.SIGTERM, 1, marks=pytest.mark.slow),
-    ("launcher", signal.SIGKILL, -9), pytest.param("launcher", signal.SIGTERM, 130, marks=pytest.mark.slow)])
+    ("launcher", signal.SIGKILL, -9), pytest.param("launcher", signal.SIGTERM, 143, marks=pytest.mark.slow)])
 def test_a_kill_during_a_save_keeps_the_previous_checkpoint(tmp_path, target, sig, code):
     out = tmp_path / "run"
     proc = _popen(tmp_path, out, "--steps", "3", "--save-every", "1", env={FAULT_PAUSE_IN_SAVE: "2"})

@@ -105,6 +105,26 @@ def _launch(tmp_path, out, *extra, env=None) -> subprocess.Popen:
                             env={**os.environ, **(env or {})}, start_new_session=True)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_a_one_process_run_ends_in_one_line_naming_the_last_checkpoint(tmp_path, sig):
+    """SIGTERM stops a one-process run as Ctrl-C does (it was a silent exit 143): exit 128 + the signal, one line
+    that names the checkpoint to resume from, no traceback, and the checkpoint loads."""
+    out = tmp_path / "run"
+    cmd = _launch(tmp_path, out, "--steps", "100000", "--save-every", "2").args
+    cmd[cmd.index("--nproc") + 1] = "1"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _wait_for_steps(out, steps=3)
+    os.kill(proc.pid, sig)
+    _, err = proc.communicate(timeout=60)
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == 128 + sig and "Traceback" not in err, err[-2000:]
+    assert last.startswith(f"slidedp: interrupted ({sig.name}); the last complete checkpoint "), last
+    assert last.endswith(" is intact") and str(out / "checkpoint") in last and err.count("slidedp: interrupted") == 1
+    step = int(last.split("(step ")[1].split(")")[0])
+    assert step >= 2 and step % 2 == 0
+    assert json.loads((out / "checkpoint" / "meta.json").read_text())["data_step"] == step
+
+
 def _ranks_of(launcher_pid: int) -> list[int]:
     """Every process whose environment names this launcher (torchrun and the ranks)."""
     pids = []
@@ -151,7 +171,9 @@ def test_a_signal_to_the_launcher_stops_every_rank_and_leaves_no_state(tmp_path,
     os.kill(proc.pid, sig)
     _, err = proc.communicate(timeout=60)
     # torchrun logs its own shutdown above; the launcher's one line closes the output
-    assert proc.returncode == 130 and err.strip().splitlines()[-1].startswith("slidedp: interrupted")
+    last = err.strip().splitlines()[-1]
+    assert proc.returncode == 128 + sig and last.startswith(f"slidedp: interrupted ({sig.name})"), err[-2000:]
+    assert last.endswith("no checkpoint was written"), last
     # and no Python traceback under it (torchrun's SignalException), nor a line of each rank's saying the same
     assert "Traceback" not in err and err.count("slidedp: interrupted") == 1, err
     time.sleep(0.5)
