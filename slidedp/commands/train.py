@@ -148,11 +148,14 @@ def checkpoint_state(out: Path) -> str:
     """What a stopped run leaves to resume from, for its last line: the latest complete checkpoint and its step,
     or that none was written (a checkpoint directory only appears complete: checkpoint_files saves by rename)."""
     from slidedp.runtime.checkpoint_files import META_FILE, read_meta
-    from slidedp.runtime.checkpoint_history import latest
+    from slidedp.runtime.checkpoint_history import kept, latest
 
     ckpt = latest(out)
-    if not ckpt.exists():
-        return "no checkpoint was written"
+    if not ckpt.exists():  # a resume from an earlier kept checkpoint moved the latest aside: the newest kept one
+        older = kept(out)
+        if not older:
+            return "no checkpoint was written"
+        ckpt = older[-1][1]
     try:
         step = f" (step {read_meta(ckpt / META_FILE, str(ckpt))['data_step']})"
     except (SlideDPError, KeyError):
