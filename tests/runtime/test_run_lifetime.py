@@ -212,3 +212,19 @@ def test_a_killed_rank_leaves_no_state_behind(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "a rank failed" in err
     assert not state_dir(run_id).exists() and not _ranks_of(proc.pid)
+
+
+def test_a_stopped_runs_last_line_names_the_checkpoint_to_resume_from(tmp_path):
+    """The latest checkpoint with its step; the newest kept one where a resume moved the latest aside; no step
+    where meta.json cannot be read; and plainly none."""
+    from slidedp.commands.train import checkpoint_state
+
+    assert checkpoint_state(tmp_path) == "no checkpoint was written"
+    for name, step in (("checkpoint-step2", 2), ("checkpoint-step4", 4)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "meta.json").write_text(json.dumps({"data_step": step}))
+    newest = tmp_path / "checkpoint-step4"
+    assert checkpoint_state(tmp_path) == f"the last complete checkpoint {newest} (step 4) is intact"
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "meta.json").write_text("{broken")
+    assert checkpoint_state(tmp_path) == f"the last complete checkpoint {tmp_path / 'checkpoint'} is intact"
