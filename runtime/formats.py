@@ -138,8 +138,8 @@ class Formatter:
 
     @staticmethod
     def _string(record: dict, name: str) -> str:
-        if name not in record or record[name] is None:
-            raise SlideDPError(f"missing field {name!r} (fields: {quote(sorted(record))})")
+        if record.get(name) is None:
+            raise SlideDPError(_absent(record, name))
         value = record[name]
         if not isinstance(value, str):
             raise SlideDPError(f"field {name!r} must be a string, got {type(value).__name__}")
@@ -147,8 +147,8 @@ class Formatter:
 
     def _messages(self, record: dict) -> list[dict]:
         fm = self.fm
-        if fm.messages not in record or record[fm.messages] is None:
-            raise SlideDPError(f"missing field {fm.messages!r} (fields: {quote(sorted(record))})")
+        if record.get(fm.messages) is None:
+            raise SlideDPError(_absent(record, fm.messages))
         turns = record[fm.messages]
         if not isinstance(turns, list) or not turns:
             raise SlideDPError(f"field {fm.messages!r} must be a non-empty list of turns")
@@ -185,3 +185,11 @@ class Formatter:
             pos = len(end_text)
         segs.append((full[pos:], self.train_on_prompt, False))
         return [s for s in segs if s[0]]
+
+
+def _absent(record: dict, name: str) -> str:
+    """Why a record's field ``name`` cannot be read: absent (the fields it has), or null, which is also how a
+    JSONL record without a field that other records have arrives (datasets gives every record all columns)."""
+    if name in record:
+        return f"field {name!r} is missing or null"
+    return f"missing field {name!r} (fields: {quote(sorted(record))})"

@@ -76,8 +76,10 @@ def load_hf_config(source: str, attn_implementation: str = "sdpa"):
     try:
         cfg = CONFIG_MAPPING[model_type](**fields)
     except Exception as exc:  # transformers validates with several exception types of its own
-        raise SlideDPError(f"model {source!r}: invalid config ({type(exc).__name__}: "
-                           f"{str(exc).splitlines()[0][:120] if str(exc) else ''})") from None
+        # transformers' validators put the reason on the lines after a "Class validation error ...:" heading
+        said = " ".join(str(exc).split())
+        said = said if len(said) <= 240 else said[:239] + "…"
+        raise SlideDPError(f"model {source!r}: invalid config ({type(exc).__name__}: {said})") from None
     cfg._attn_implementation = attn_implementation
     return cfg
 

@@ -89,6 +89,8 @@ def read_mapping(path: str | Path, what: str) -> dict:
     except (ValueError, yaml.YAMLError) as exc:  # JSONDecodeError is a ValueError, so are 5,000-digit integers
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise SlideDPError(f"malformed {what} file {str(path)!r}: {first}") from None
+    if data is None:
+        raise SlideDPError(f"{what} file {str(path)!r} is empty (it must hold a mapping of settings)")
     if not isinstance(data, dict):
         raise SlideDPError(f"{what} file {str(path)!r} must hold a mapping, got {type(data).__name__}")
     return data

@@ -238,3 +238,14 @@ def test_bad_input_is_one_line_and_exit_2(argv, tmp_path, capsys):
     errors = [line for line in err if line.startswith("slidedp: error:")]
     assert len(errors) == 1 and len(errors[0]) < 600, err
     assert elapsed < 20
+
+
+def test_a_config_that_transformers_refuses_keeps_the_reason_after_its_heading(tmp_path, capsys):
+    """transformers puts a validator's reason on the lines after "Class validation error for validator ...:";
+    the one error line carries it (it ended at the colon)."""
+    (tmp_path / "odd.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300, head_dim=7)))
+    argv = [a.format(data="synthetic", tmp=tmp_path) for a in TRAIN]
+    assert main([*argv, "--model", str(tmp_path / "odd.json")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("slidedp: error:") and "\n" not in line and not line.endswith(":)"), line
+    assert "head_dim" in line.split("invalid config", 1)[1], line

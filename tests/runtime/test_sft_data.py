@@ -66,6 +66,9 @@ def test_prompt_completion_masks_and_field_mapping(tmp_path, tok_dir):
     assert got == sorted(f"{i} {i}<|im_end|>" for i in range(5))
     with pytest.raises(SlideDPError, match="missing field 'prompt'"):
         load_data(DataSpec(str(data), str(tok_dir), format="prompt_completion"), VOCAB, 40, 1, seed=0)
+    nulls = write_jsonl(tmp_path / "nulls.jsonl", [{"prompt": None, "completion": "x"}])
+    with pytest.raises(SlideDPError, match="record 1: field 'prompt' is missing or null"):
+        load_data(DataSpec(str(nulls), str(tok_dir), format="prompt_completion"), VOCAB, 40, 1, seed=0)
 
 
 @pytest.mark.parametrize("kind", ["json", "parquet", "csv", "arrow_dir"])
@@ -123,7 +126,7 @@ def _bad(tmp_path, tok_dir, case):
     extra = ["--tokenizer", str(tok_dir)]
     if case == "missing_field":
         return write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "completion": "b"}, {"prompt": "c"}]), \
-            extra + ["--format", "prompt_completion"], "record 2: missing field 'completion'"
+            extra + ["--format", "prompt_completion"], "record 2: field 'completion' is missing or null"
     if case == "unknown_role":
         return write_jsonl(tmp_path / "d.jsonl", [{"messages": [{"role": "wizard", "content": "hi"}]}]), extra, \
             "unknown role 'wizard'"

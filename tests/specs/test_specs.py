@@ -153,6 +153,9 @@ def test_malformed_yaml_files(tmp_path):
     bad.write_text("- just\n- a list\n")
     with pytest.raises(SlideDPError, match="must hold a mapping"):
         load_hardware(str(bad))
+    bad.write_text("# only a comment\n")
+    with pytest.raises(SlideDPError, match="is empty"):
+        load_hardware(str(bad))
     with pytest.raises(SlideDPError, match="unknown hardware"):
         load_hardware("tpu-v9")
 
