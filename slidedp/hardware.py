@@ -63,6 +63,13 @@ def interpolate_curve(curve: dict[int, float], threads: int) -> float:
     return y0 + (y1 - y0) * (threads - x0) / (x1 - x0)
 
 
+def split_cut_name(name: str) -> tuple[str, bool]:
+    """A profile name as (the profile's own name, whether :meth:`HardwareProfile.with_gpus` cut it to fewer
+    GPUs): the one reader of the ``<name>@<gpus>`` such a copy is named, for a profile or a run's summary."""
+    base, _, gpus = name.partition("@")
+    return base, bool(gpus)
+
+
 def slowdown_curve_at(curve: dict[int, float], gbps: float) -> float:
     """A slowdown factor at ``gbps`` of CPU-pass DRAM traffic from a curve measured at a few traffics (GB/s ->
     factor >= 1): 1 at no traffic, linear from there to the first point and between points, flat beyond the
@@ -385,6 +392,17 @@ class HardwareProfile:
             if gpu in sw.gpus:
                 return i
         return None
+
+    @property
+    def base_name(self) -> str:
+        """The profile's own name, without the ``@<gpus>`` that :meth:`with_gpus` gives a copy: what messages
+        name, since the user gave that name (and --gpus)."""
+        return split_cut_name(self.name)[0]
+
+    @property
+    def cut_to_fewer_gpus(self) -> bool:
+        """Whether this is a copy of a profile made by :meth:`with_gpus`."""
+        return split_cut_name(self.name)[1]
 
     def with_gpus(self, num_gpus: int) -> HardwareProfile:
         """The same machine with fewer (or more) GPUs populated, switch groups trimmed to match."""

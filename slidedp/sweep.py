@@ -68,7 +68,8 @@ def run_sweep(model: ModelSpec, hw: HardwareProfile, seqs: Sequence[int], batche
     seqs, batches, gpus = (list(dict.fromkeys(values)) for values in (seqs, batches, gpus))  # one row per point
     for g in gpus:
         if g > hw.num_gpus:
-            raise SlideDPError(f"GPU count {g} exceeds the {hw.num_gpus} GPU(s) of {hw.name!r}")
+            used = " in use (--gpus)" if hw.cut_to_fewer_gpus else ""
+            raise SlideDPError(f"GPU count {g} exceeds the {hw.num_gpus} GPU(s) of {hw.base_name!r}{used}")
     systems = [check_system(s) for s in systems]
     peers = [s for s in systems if s != SLIDEDP]
     if peers and not simulate_points:

@@ -84,7 +84,7 @@ class StepWorkload:
         if not isinstance(hosts, int) or hosts < 1:
             raise SlideDPError(f"hosts must be a positive integer, got {hosts!r}")
         if hosts > 1 and hw.network is None:
-            raise SlideDPError(f"hardware {hw.name!r} has no network section: a run over {hosts} hosts needs the "
+            raise SlideDPError(f"hardware {hw.base_name!r} has no network section: a run over {hosts} hosts needs the "
                                f"hosts' NICs (e.g. the h100-sxm-x8-ib preset)")
         if global_batch != hosts * n * policy.sequences_per_rank():
             where = f"hosts {hosts} x " if hosts > 1 else ""

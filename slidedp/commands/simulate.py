@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from slidedp.errors import SlideDPError
-from slidedp.hardware import GIB
+from slidedp.hardware import GIB, split_cut_name
 from slidedp.model import estimate_step, memory_shortfalls
 from slidedp.model.step_model import StepEstimate
 from slidedp.model_spec import load_model_spec
@@ -250,7 +250,7 @@ def _tile_phrase(tile: int, micro_batch_tokens: int) -> str:
 def _header_line(model: str, hardware: str, gpus: int, hosts: int, seq: int, batch: int, tokens: int) -> str:
     """The first line of a simulation's output. A profile cut to fewer GPUs (HardwareProfile.with_gpus names it
     ``<name>@<gpus>``) reads ``<name> (1 GPU used)``, not ``<name>@1 (1 GPU)``."""
-    name, _, cut = hardware.partition("@")
+    name, cut = split_cut_name(hardware)
     where = f"{gpus} GPU{'s' if gpus > 1 else ''}" + (" used" if cut else "") + \
         (f" on each of {hosts} hosts" if hosts > 1 else "")
     return f"[bold]{model}[/] on [bold]{name}[/] ({where}) - seq {seq}, batch {batch} ({tokens:,} tokens/step)"

@@ -330,9 +330,10 @@ def tune_policy(args: argparse.Namespace, hw, log=print):
     p = best.policy
     how = "simulated" if best.sim_step_s is not None else "analytical"
     kept = f" (last {p.kept_layers} layers kept)" if p.kept_layers else ""
-    log(f"policy auto: tuned for {hw.name}, seq {args.seq}, batch {batch} ({len(result.candidates)} candidates fit, "
-        f"{result.elapsed_s:.1f} s): micro-batch {p.micro_batch} x {p.accumulation}, {p.param_route}/{p.grad_route} "
-        f"routes, {p.chunks_per_layer} chunks/layer, depth {p.prefetch_depth}, activations {p.activation}{kept}, "
+    log(f"policy auto: tuned for {hw.base_name}, seq {args.seq}, batch {batch} ({len(result.candidates)} candidates "
+        f"fit, {result.elapsed_s:.1f} s): micro-batch {p.micro_batch} x {p.accumulation}, "
+        f"{p.param_route}/{p.grad_route} routes, {p.chunks_per_layer} chunks/layer, depth {p.prefetch_depth}, "
+        f"activations {p.activation}{kept}, "
         f"{p.update_schedule}{f', sequence tile {p.seq_tile_tokens}' if p.seq_tile_tokens else ''}, "
         f"host state {p.state}; predicted {predicted:.3f} s/step ({how})")
     if result.state_choice is not None:

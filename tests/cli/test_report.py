@@ -213,6 +213,8 @@ def test_cli_simulate_sweep_report(tmp_path, capsys):
     (["report", "/nonexistent/run"], "no run directory"),
     (["sweep", "--policies", "fastest"], "unknown policy"),
     (["sweep", "--gpu-counts", "16"], "exceeds the 4 GPU"),
+    (["sweep", "--gpus", "1", "--gpu-counts", "4"], "exceeds the 1 GPU(s) of 'h100-sxm-x4' in use (--gpus)"),
+    (["sweep", "--gpus", "2", "--hosts", "2"], "hardware 'h100-sxm-x4' has no network section"),
     (["sweep", "--out", "table.xlsx"], ".csv or .parquet"),
     (["sweep", "--batch", "8", "--batches", "4", "8"], "give --batches or --batch, not both"),
     (["sweep", "--seq", "1024", "--seqs", "2048"], "give --seqs or --seq, not both"),
