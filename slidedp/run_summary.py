@@ -164,10 +164,17 @@ class RunSummary:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RunSummary:
+    def from_dict(cls, data: dict[str, Any], where: str = "summary.json") -> RunSummary:
+        """The summary a dict holds; a known key whose value has the wrong JSON type (a step time "abc") is one
+        SlideDPError naming ``where``, so that readers never print a placeholder for a value that was there."""
         names = set(cls._data_fields())
+        kinds = {f.name: str(f.type) for f in fields(cls)}
         values: dict[str, Any] = {}
         for key, value in data.items():
+            if key in names and value is not None and not _json_type_fits(kinds[key], value):
+                kind = kinds[key].split(" |")[0]
+                article = "an" if kind[0] in "aeiou" else "a"
+                raise SlideDPError(f"malformed {where}: {key} is {value!r:.40}, not {article} {kind}")
             if key in cls._NESTED and isinstance(value, dict):
                 values[key] = cls._NESTED[key](**_known(cls._NESTED[key], value))
             elif key in names:
@@ -185,7 +192,7 @@ class RunSummary:
             raise SlideDPError(f"malformed {where}: {exc}") from None
         if not isinstance(data, dict):
             raise SlideDPError(f"malformed {where}: expected a JSON object")
-        return cls.from_dict(data)
+        return cls.from_dict(data, where)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
@@ -202,3 +209,17 @@ class RunSummary:
     def missing(self, *keys: str) -> list[str]:
         """Those of ``keys`` this summary does not hold (given as null counts as held, as a JSON reader sees it)."""
         return [k for k in keys if k not in self.given and k not in self.extra]
+
+
+def _json_type_fits(annotation: str, value: Any) -> bool:
+    """Whether a JSON value suits a summary field annotated ``annotation`` (``float | None``, ``str | None``,
+    ``dict[str, Any] | None``, a nested step's class...): a number where a number belongs, and so on; an integer
+    where a float belongs, as JSON writes 2.0 as 2."""
+    kind = annotation.split(" |")[0].split("[")[0]
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind in ("int", "float"):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            kind == "float" or float(value).is_integer())
+    expected = {"str": str, "dict": dict, "list": list}.get(kind, dict)  # nested steps are JSON objects
+    return isinstance(value, expected)

@@ -87,6 +87,15 @@ def test_malformed_summary_is_one_error(tmp_path):
     (tmp_path / "summary.json").write_text("{not json")
     with pytest.raises(SlideDPError, match="malformed"):
         RunSummary.load(tmp_path / "summary.json")
+    # a known key of the wrong JSON type is refused where it is read, not printed as "?" later
+    for data, said in (({"step_time_s": "abc"}, "step_time_s is 'abc', not a float"), ({"gpus": 1.5}, "not an int"),
+                       ({"measured": 1}, "not a bool"), ({"simulated": 3}, "not a SimulatedStep"),
+                       ({"policy": [1]}, "not a dict")):
+        (tmp_path / "summary.json").write_text(json.dumps(data))
+        with pytest.raises(SlideDPError, match=f"malformed {tmp_path / 'summary.json'}: .*{said}"):
+            RunSummary.load(tmp_path / "summary.json")
+    ok = RunSummary.from_dict({"step_time_s": 2, "gpus": 4.0, "model": None, "unknown_key": "kept"})
+    assert ok.step_time_s == 2 and ok.gpus == 4.0 and ok.extra == {"unknown_key": "kept"}
 
 
 def test_simulate_writes_a_summary_that_reads_back(tmp_path, capsys):
