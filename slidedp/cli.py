@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cal = sub.add_parser("calibrate", help="measure this machine (or refit from runs) into a hardware profile")
     cal.add_argument("--quick", action="store_true",
-                     help="small sizes: about 15 s on a 2-core machine, more with --model")
+                     help="small sizes: about 15 s on a 2-core machine; --model adds about a minute "
+                          "there for an 8B-wide layer")
     cal.add_argument("--base", default="h200-x1", help="profile whose unmeasured fields are kept (default h200-x1)")
     cal.add_argument("--from-run", nargs="+", metavar="RUN", help="refit from these run directories instead")
     cal.add_argument("--model", nargs="+", help="time one decoder layer (forward and backward) of each model (preset "
