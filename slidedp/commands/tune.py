@@ -80,8 +80,8 @@ def _print(table, result, model: str, hardware: str, seq: int, batch: int, out: 
     console = Console()
     refined = sum(c.sim is not None for c in result.candidates)
     console.print(f"tuned [bold]{model}[/] on [bold]{hardware}[/], seq {seq}, batch {batch}: "
-                  f"{result.enumerated} policies enumerated, {len(result.candidates)} feasible (counting the GPU-held "
-                  f"and kept-layer variants tried for each), top {refined} refined with the simulator, "
+                  f"{result.enumerated} policies enumerated; with the GPU-held and kept-layer variants tried for "
+                  f"each, {len(result.candidates)} candidates fit; top {refined} refined with the simulator, "
                   f"{result.elapsed_s:.1f} s")
     console.print(ranked_view(table.head(show)))
     shown = table.head(show)
