@@ -584,7 +584,8 @@ class Trainer:
                 eval_loss, _ = self.evaluate(engine, comm)
                 evals.append((step + 1, eval_loss))
                 row.update(eval_loss=f"{eval_loss:.6f}", eval_ppl=f"{perplexity(eval_loss):.4f}")
-                self.log(f"step {step + 1}: eval loss {eval_loss:.4f}, perplexity {perplexity(eval_loss):.2f}")
+                if not final:  # the closing lines (commands/train.run_outcome) say the final one
+                    self.log(f"step {step + 1}: eval loss {eval_loss:.4f}, perplexity {perplexity(eval_loss):.2f}")
             runlog.step(row)
             if stats.skipped:
                 if s.on_nonfinite == "stop":

@@ -79,7 +79,8 @@ def add_train_args(train: argparse.ArgumentParser) -> None:
     data.add_argument("--eval-data", help="eval file or directory (same format)")
     data.add_argument("--eval-fraction", type=fraction, default=0.0, help="hold out this fraction of the rows")
     data.add_argument("--eval-every", type=non_negative_int, default=0,
-                      help="evaluate every N steps (always at the end when there is eval data)")
+                      help="evaluate every N steps (0, the default: only at the end; always at the end when "
+                           "there is eval data)")
     data.add_argument("--cache-dir", help="tokenized-data cache (default <out>/data_cache)")
 
     opt = train.add_argument_group("optimizer")
@@ -96,7 +97,8 @@ def add_train_args(train: argparse.ArgumentParser) -> None:
     out.add_argument("--overwrite", action="store_true",
                      help="start a new run in an --out that holds an earlier one (its checkpoints, metrics.csv and "
                           "TensorBoard events are removed first); without it such an --out is refused")
-    out.add_argument("--save-every", type=non_negative_int, default=0, help="checkpoint every N steps (and at the end)")
+    out.add_argument("--save-every", type=non_negative_int, default=0,
+                     help="checkpoint every N steps and at the end (0, the default: only at the end)")
     out.add_argument("--keep", type=positive_int, default=1,
                      help="checkpoints kept: the latest in <out>/checkpoint and N-1 older checkpoint-step<N>")
     out.add_argument("--on-nonfinite", choices=["skip", "stop"], default="skip",

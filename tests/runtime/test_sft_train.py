@@ -29,7 +29,7 @@ def train(tmp, out, *extra):
                  str(tmp / "tok"), "--seq", "96", "--batch", "2", "--out", str(out), "--lr", "1e-2", *extra])
 
 
-def test_chat_sft_with_eval_logs_keep_and_export(files):
+def test_chat_sft_with_eval_logs_keep_and_export(files, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -39,6 +39,10 @@ def test_chat_sft_with_eval_logs_keep_and_export(files):
     metrics = pd.read_csv(out / "metrics.csv")
     assert list(metrics.step) == [1, 2, 3, 4]
     assert metrics.eval_loss.notna().tolist() == [False, True, False, True]
+    said = capsys.readouterr()
+    said = said.out + said.err
+    assert said.count("step 2: eval loss") == 1 and "step 4: eval loss" not in said  # the last one said once,
+    assert said.count("eval: loss") == 1  # in the closing lines
     summary = json.loads((out / "summary.json").read_text())
     assert summary["eval_loss"] == pytest.approx(metrics.eval_loss.iloc[-1], rel=1e-5)
     assert summary["eval_perplexity"] == pytest.approx(float(torch.tensor(summary["eval_loss"]).exp()), rel=1e-5)
