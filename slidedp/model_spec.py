@@ -271,10 +271,17 @@ class ModelSpec:
         if not isinstance(cfg, dict):
             raise SlideDPError(f"model {quote(name)}: config must be a JSON object")
         model_type = cfg.get("model_type")
-        if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
+        if model_type is None:  # it decides the layer's parts: q/k norms (Qwen3), qkv bias (Qwen2)
+            raise SlideDPError(f"model {quote(name)}: config.json gives no model_type (supported: "
+                               f"{', '.join(SUPPORTED_MODEL_TYPES)}); it decides which parts a layer has")
+        if model_type not in SUPPORTED_MODEL_TYPES:
             # another architecture's layer is not the one priced here (nor one the runtime builds)
             raise SlideDPError(f"model {quote(name)}: model_type {quote(model_type)} is not supported "
                                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        for flag in ("tie_word_embeddings", "attention_bias"):
+            if cfg.get(flag) is not None and not isinstance(cfg[flag], bool):
+                raise SlideDPError(f"model {quote(name)}: config.json's {flag} must be true or false, got "
+                                   f"{quote(cfg[flag])}")
         filled = _transformers_defaults(cfg)
         cfg = {**filled, **{k: v for k, v in cfg.items() if v is not None}}
         def size(key: str) -> int:
@@ -307,6 +314,9 @@ class ModelSpec:
                 qk_norm=str(cfg.get("model_type", "")).startswith("qwen3"),
                 attn_bias=bool(cfg.get("attention_bias", str(cfg.get("model_type", "")) == "qwen2")),
             )
+            if spec.head_dim % 2:  # every supported layer rotates (q, k) pairs of dimensions: RoPE
+                raise SlideDPError(f"model {quote(name)}: head_dim {spec.head_dim} is odd; rotary embeddings need "
+                                   f"an even head dimension")
         except SlideDPError as exc:
             if not filled:
                 raise

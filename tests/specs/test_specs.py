@@ -64,7 +64,10 @@ def test_activation_policies_order_memory():
 
 
 @pytest.mark.parametrize("cfg, message", [
-    ({"hidden_size": 64}, "lacks required key"),
+    ({"model_type": "llama", "hidden_size": 64}, "lacks required key"),
+    ({"hidden_size": 64}, "gives no model_type .supported: llama, mistral, qwen2, qwen3."),
+    ({**MODEL_PRESETS["qwen3-8b"], "tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
+    ({**MODEL_PRESETS["qwen3-8b"], "head_dim": 7}, "head_dim 7 is odd"),
     ({**MODEL_PRESETS["qwen3-8b"], "hidden_size": "big"}, "hidden_size must be an integer, got 'big'"),
     ({**MODEL_PRESETS["qwen3-8b"], "hidden_size": True}, "hidden_size must be an integer, got True"),
     ({**MODEL_PRESETS["qwen3-8b"], "intermediate_size": 256.5}, "intermediate_size must be an integer"),
