@@ -19,11 +19,16 @@ from slidedp.problem import checked_span, resolve_budget, resolve_hardware
 from slidedp.state_choice import state_options
 from slidedp.tune import TuneSpace, tune
 
+DEFAULT_TUNE_BATCH = 32
+
 
 def global_batch_from(args: argparse.Namespace, num_gpus: int) -> int:
-    """--batch in sequences, or --tokens-per-step rounded up to whole sequences on every GPU."""
+    """--batch in sequences (default 32), or --tokens-per-step rounded up to whole sequences on every GPU; both
+    given is an error rather than --batch silently dropped."""
     if args.tokens_per_step is None:
-        return args.batch
+        return DEFAULT_TUNE_BATCH if args.batch is None else args.batch
+    if args.batch is not None:
+        raise SlideDPError("give --batch or --tokens-per-step, not both")
     per_rank = -(-args.tokens_per_step // (args.seq * num_gpus))
     return per_rank * num_gpus
 

@@ -94,6 +94,10 @@ def test_cli_tune_tokens_per_step_and_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "smallest feasible budget" in err and err.count("\n") == 1
     assert not (tmp_path / "q.yaml").exists()
+    code = main(["tune", "--model", "qwen3-0.6b", "--hardware", "h200-x1", "--batch", "8", "--tokens-per-step",
+                 "3000", "--out", str(tmp_path / "r.yaml")])  # --batch was dropped without a word
+    err = capsys.readouterr().err
+    assert code == 2 and "give --batch or --tokens-per-step, not both" in err and err.count("\n") == 1
 
 
 def test_gpu_state_pick_is_the_brute_force_optimum_over_every_held_unit_count():
