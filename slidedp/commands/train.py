@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from rich.console import Console
@@ -233,7 +234,8 @@ def run_train(args: argparse.Namespace) -> int:
         from slidedp.runtime.lifetime import RunLock
 
         lock = RunLock(spec.out)
-        on_term = signal.signal(signal.SIGTERM, _raise_terminated)
+        if threading.current_thread() is threading.main_thread():  # where Python lets a handler be set
+            on_term = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         with progress:
             summary = trainer.run()
