@@ -219,7 +219,8 @@ def _json_type_fits(annotation: str, value: Any) -> bool:
     if kind == "bool":
         return isinstance(value, bool)
     if kind in ("int", "float"):
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and (
-            kind == "float" or float(value).is_integer())
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        return kind == "float" or isinstance(value, int) or value.is_integer()
     expected = {"str": str, "dict": dict, "list": list}.get(kind, dict)  # nested steps are JSON objects
     return isinstance(value, expected)
