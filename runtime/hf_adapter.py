@@ -16,7 +16,7 @@ from torch import nn
 
 from slidedp.config_io import quote, read_mapping
 from slidedp.errors import SlideDPError
-from slidedp.model_spec import SUPPORTED_MODEL_TYPES, ModelSpec, config_json_path
+from slidedp.model_spec import ModelSpec, config_json_path
 
 
 @dataclass(frozen=True)
@@ -63,11 +63,9 @@ def load_hf_config(source: str, attn_implementation: str = "sdpa"):
             data = read_mapping(path, "model config")
         except SlideDPError as exc:
             raise SlideDPError(f"model {source!r}: cannot read config.json ({str(exc).split(': ', 1)[-1]})") from None
-    model_type = data.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise SlideDPError(f"model {source!r}: model_type {model_type!r} is not supported "
-                           f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-    ModelSpec.from_hf_config(data, name=str(source))  # same validation as the simulator's specs
+    # the simulator's validation (model_type among the supported ones, sizes, flags, an even head_dim) first
+    ModelSpec.from_hf_config(data, name=str(source))
+    model_type = data["model_type"]
     for key, low in (("rope_theta", 0.0), ("rms_norm_eps", 0.0)):  # a zero or negative one trains NaN
         value = data.get(key)
         if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value) or value <= low):
@@ -80,6 +78,12 @@ def load_hf_config(source: str, attn_implementation: str = "sdpa"):
         said = " ".join(str(exc).split())
         said = said if len(said) <= 240 else said[:239] + "…"
         raise SlideDPError(f"model {source!r}: invalid config ({type(exc).__name__}: {said})") from None
+    from transformers.activations import ACT2FN
+
+    act = getattr(cfg, "hidden_act", None)
+    if act is not None and (not isinstance(act, str) or act not in ACT2FN):  # the model build would raise KeyError
+        raise SlideDPError(f"model {source!r}: hidden_act {quote(act)} is not an activation transformers knows "
+                           f"(e.g. silu, gelu)")
     cfg._attn_implementation = attn_implementation
     return cfg
 

@@ -243,9 +243,18 @@ def test_bad_input_is_one_line_and_exit_2(argv, tmp_path, capsys):
 def test_a_config_that_transformers_refuses_keeps_the_reason_after_its_heading(tmp_path, capsys):
     """transformers puts a validator's reason on the lines after "Class validation error for validator ...:";
     the one error line carries it (it ended at the colon)."""
-    (tmp_path / "odd.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300, head_dim=7)))
+    layers = TINY["qwen3"]["num_hidden_layers"]
+    (tmp_path / "odd.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300,
+                                                       layer_types=["full_attention"] * (layers + 1))))
     argv = [a.format(data="synthetic", tmp=tmp_path) for a in TRAIN]
     assert main([*argv, "--model", str(tmp_path / "odd.json")]) == 2
     line = capsys.readouterr().err.strip()
     assert line.startswith("slidedp: error:") and "\n" not in line and not line.endswith(":)"), line
-    assert "head_dim" in line.split("invalid config", 1)[1], line
+    assert "layer_types" in line.split("invalid config", 1)[1], line
+
+
+def test_an_activation_transformers_does_not_know_is_one_line_not_a_traceback(tmp_path, capsys):
+    (tmp_path / "act.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300, hidden_act="nosuch")))
+    argv = [a.format(data="synthetic", tmp=tmp_path) for a in TRAIN]
+    assert main([*argv, "--model", str(tmp_path / "act.json")]) == 2
+    assert "hidden_act 'nosuch' is not an activation transformers knows" in capsys.readouterr().err
