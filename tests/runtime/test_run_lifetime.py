@@ -95,14 +95,17 @@ def test_one_live_run_per_run_directory(tmp_path):
     RunLock(tmp_path / "run").release()
 
 
-def _launch(tmp_path, out, *extra, env=None) -> subprocess.Popen:
+def _train_cmd(tmp_path, out, *extra, nproc: int = 2) -> list[str]:
     (tmp_path / "tiny.json").write_text(json.dumps(dict(TINY["qwen3"], vocab_size=300)))
     (tmp_path / "data.txt").write_text("streaming layers through a shared host state " * 60)
-    cmd = [sys.executable, "-m", "slidedp.cli", "train", "--model", str(tmp_path / "tiny.json"), "--data",
-           str(tmp_path / "data.txt"), "--seq", "16", "--device", "cpu", "--nproc", "2", "--batch", "2",
-           "--out", str(out), *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
+    return [sys.executable, "-m", "slidedp.cli", "train", "--model", str(tmp_path / "tiny.json"), "--data",
+            str(tmp_path / "data.txt"), "--seq", "16", "--device", "cpu", "--nproc", str(nproc), "--batch", "2",
+            "--out", str(out), *extra]
+
+
+def _launch(tmp_path, out, *extra, env=None) -> subprocess.Popen:
+    return subprocess.Popen(_train_cmd(tmp_path, out, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **(env or {})}, start_new_session=True)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -110,9 +113,8 @@ def test_a_signal_to_a_one_process_run_ends_in_one_line_naming_the_last_checkpoi
     """SIGTERM stops a one-process run as Ctrl-C does (it was a silent exit 143): exit 128 + the signal, one line
     that names the checkpoint to resume from, no traceback, and the checkpoint loads."""
     out = tmp_path / "run"
-    cmd = _launch(tmp_path, out, "--steps", "100000", "--save-every", "2").args
-    cmd[cmd.index("--nproc") + 1] = "1"
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(_train_cmd(tmp_path, out, "--steps", "100000", "--save-every", "2", nproc=1),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     _wait_for_steps(out, steps=3)
     os.kill(proc.pid, sig)
     _, err = proc.communicate(timeout=60)
