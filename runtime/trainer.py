@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from slidedp.errors import SlideDPError, TrainingStopped
+from slidedp.errors import Interrupted, SlideDPError, TrainingStopped
 from slidedp.exposure import exposure_from_trace, limiter
 from slidedp.hardware import GIB, HardwareProfile, gib_text
 from slidedp.model import estimate_memory, memory_shortfalls
@@ -153,6 +153,9 @@ class Trainer:
     def __init__(self, spec: TrainSpec, on_step: Callable[[int, StepStats, float], None] | None = None,
                  log: Callable[[str], None] = print):
         self.spec, self.on_step, self.log = spec, on_step, log
+        # The signal number once something (slidedp train's SIGINT / SIGTERM handler) asked the run to stop; the
+        # loop ends with errors.Interrupted after the step in progress, at a point where state and logs agree.
+        self.stop_requested: Callable[[], int | None] | None = None
         self._validate()
 
     # ---- everything that can be wrong with the inputs, checked before anything is written -------------------
@@ -599,6 +602,9 @@ class Trainer:
                 self.on_step(step + 1, stats, dt)
             if s.save_every and (step + 1) % s.save_every == 0:
                 self._checkpoint(engine, host, groups, step + 1)
+            requested = self.stop_requested() if self.stop_requested is not None else None
+            if requested is not None and step + 1 < start_step + s.steps:  # a signal asked the run to stop
+                raise Interrupted(requested)
         end = start_step + s.steps
         if s.final_checkpoint and not (s.save_every and end % s.save_every == 0):  # not saved a moment ago
             self._checkpoint(engine, host, groups, end)

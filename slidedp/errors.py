@@ -22,3 +22,13 @@ class OutOfGpuMemory(SlideDPError):
     predicted peak and the budget, and an exit code of its own, so a driver can plan again for less."""
 
     exit_code = 4
+
+
+class Interrupted(KeyboardInterrupt):
+    """A one-process run stopped by a signal (``signum``: SIGINT or SIGTERM). Raised by the trainer between steps
+    after the first signal, where the run's state and logs are consistent, or at once on a second signal; a
+    KeyboardInterrupt, so that every cleanup that Ctrl-C runs runs for it too."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

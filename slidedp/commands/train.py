@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from slidedp.commands.train_args import build_train_spec
-from slidedp.errors import OutOfGpuMemory, SlideDPError, TrainingStopped
+from slidedp.errors import Interrupted, OutOfGpuMemory, SlideDPError, TrainingStopped
 
 RANK_ARGV_ENV = "SLIDEDP_RANK_ARGV"
 # A private file in the run directory where a rank that stops on purpose (TrainingStopped) or runs out of GPU
@@ -164,12 +164,25 @@ def checkpoint_state(out: Path) -> str:
     return f"the last complete checkpoint {ckpt}{step} is intact"
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM to a one-process run, unwound as Ctrl-C is: the same cleanup, and a line instead of a silent 143."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _raise_terminated(_signum, _frame) -> None:
-    raise Terminated
+def stop_between_steps(trainer) -> dict[int, object]:
+    """SIGINT and SIGTERM to a one-process run: the first asks the trainer to stop after the step in progress
+    (errors.Interrupted where its state and logs agree: an exception at an arbitrary bytecode, Ctrl-C's default,
+    can leave a lock held that the run's cleanup then waits on), a second stops it at once. SIGTERM was a silent
+    exit 143 without cleanup. Returns the handlers it replaced, for the caller to restore."""
+    requested: list[int] = []
+
+    def on_signal(signum, _frame) -> None:
+        if requested:
+            raise Interrupted(signum)
+        requested.append(signum)
+        print(f"slidedp: {signal.Signals(signum).name}: stopping after this step (again: at once)", file=sys.stderr,
+              flush=True)
+
+    trainer.stop_requested = lambda: requested[0] if requested else None
+    return {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
 
 
 def _read_stop(path: Path) -> tuple[int, str] | None:
@@ -229,20 +242,20 @@ def run_train(args: argparse.Namespace) -> int:
                         disable=not console.is_terminal)
     task = progress.add_task("train", total=target, completed=start, info="")
     trainer.on_step = step_reporter(progress, task, console, spec.world, target)
-    lock, on_term = None, None
+    lock, replaced = None, {}
     if "WORLD_SIZE" not in os.environ:  # one process: it holds the run directory (a launcher holds it for ranks)
         from slidedp.runtime.lifetime import RunLock
 
         lock = RunLock(spec.out)
         if threading.current_thread() is threading.main_thread():  # where Python lets a handler be set
-            on_term = signal.signal(signal.SIGTERM, _raise_terminated)
+            replaced = stop_between_steps(trainer)
     try:
         with progress:
             summary = trainer.run()
     except KeyboardInterrupt as caught:
         if lock is None:  # a rank: its launcher says it once for every rank
             raise
-        sig = signal.SIGTERM if isinstance(caught, Terminated) else signal.SIGINT
+        sig = signal.Signals(caught.signum if isinstance(caught, Interrupted) else signal.SIGINT)
         print(f"slidedp: interrupted ({sig.name}); {checkpoint_state(spec.out)}", file=sys.stderr)
         return 128 + sig
     except (torch.OutOfMemoryError, TrainingStopped) as caught:
@@ -254,8 +267,8 @@ def run_train(args: argparse.Namespace) -> int:
             return exc.exit_code
         raise exc from None
     finally:
-        if on_term is not None:
-            signal.signal(signal.SIGTERM, on_term)
+        for sig, handler in replaced.items():
+            signal.signal(sig, handler)
         if lock is not None:
             lock.release()
     if spec.world > 1 and int(os.environ.get("RANK", "0")) != 0:

@@ -230,3 +230,28 @@ def test_a_stopped_runs_last_line_names_the_checkpoint_to_resume_from(tmp_path):
     (tmp_path / "checkpoint").mkdir()
     (tmp_path / "checkpoint" / "meta.json").write_text("{broken")
     assert checkpoint_state(tmp_path) == f"the last complete checkpoint {tmp_path / 'checkpoint'} is intact"
+
+
+def test_the_first_signal_stops_a_one_process_run_after_its_step_and_a_second_at_once(capsys):
+    """slidedp.commands.train.stop_between_steps: the first SIGINT/SIGTERM only asks (the trainer raises
+    Interrupted between steps), a second raises at once; the replaced handlers are handed back."""
+    from types import SimpleNamespace
+
+    from slidedp.commands.train import stop_between_steps
+    from slidedp.errors import Interrupted
+
+    trainer = SimpleNamespace(stop_requested=None)
+    replaced = stop_between_steps(trainer)
+    try:
+        handler = signal.getsignal(signal.SIGTERM)
+        assert trainer.stop_requested() is None
+        handler(signal.SIGTERM, None)
+        assert trainer.stop_requested() == signal.SIGTERM
+        assert "SIGTERM: stopping after this step (again: at once)" in capsys.readouterr().err
+        with pytest.raises(Interrupted) as caught:
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+        assert caught.value.signum == signal.SIGINT and isinstance(caught.value, KeyboardInterrupt)
+    finally:
+        for sig, previous in replaced.items():
+            signal.signal(sig, previous)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
