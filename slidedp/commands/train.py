@@ -182,7 +182,8 @@ def stop_between_steps(trainer) -> dict[int, object]:
               flush=True)
 
     trainer.stop_requested = lambda: requested[0] if requested else None
-    return {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    # a signal the process was started ignoring (nohup, a background job's SIGINT) stays ignored, as Python does
+    return {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN}
 
 
 def _read_stop(path: Path) -> tuple[int, str] | None:

@@ -113,8 +113,11 @@ def test_a_signal_to_a_one_process_run_ends_in_one_line_naming_the_last_checkpoi
     """SIGTERM stops a one-process run as Ctrl-C does (it was a silent exit 143): exit 128 + the signal, one line
     that names the checkpoint to resume from, no traceback, and the checkpoint loads."""
     out = tmp_path / "run"
+    # The child starts with SIGINT at its default even where the suite runs with it ignored (a CI job in the
+    # background: the run then keeps SIGINT ignored, as Python does).
     proc = subprocess.Popen(_train_cmd(tmp_path, out, "--steps", "100000", "--save-every", "2", nproc=1),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_for_steps(out, steps=3)
     os.kill(proc.pid, sig)
     _, err = proc.communicate(timeout=60)
@@ -241,6 +244,8 @@ def test_the_first_signal_stops_a_one_process_run_after_its_step_and_a_second_at
     from slidedp.errors import Interrupted
 
     trainer = SimpleNamespace(stop_requested=None)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # CI may start the suite with SIGINT ignored
     replaced = stop_between_steps(trainer)
     try:
         handler = signal.getsignal(signal.SIGTERM)
@@ -255,3 +260,11 @@ def test_the_first_signal_stops_a_one_process_run_after_its_step_and_a_second_at
         for sig, previous in replaced.items():
             signal.signal(sig, previous)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # an ignored signal stays ignored (a run started under nohup)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    replaced = stop_between_steps(trainer)
+    try:
+        assert signal.SIGINT not in replaced and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        for sig, previous in {**replaced, **before}.items():
+            signal.signal(sig, previous)
