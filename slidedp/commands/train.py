@@ -148,8 +148,7 @@ def check_rank_placement(nproc: int, ranks_per_gpu: int, device: str) -> None:
 def checkpoint_state(out: Path) -> str:
     """What a stopped run leaves to resume from, for its last line: the latest complete checkpoint and its step,
     or that none was written (a checkpoint directory only appears complete: checkpoint_files saves by rename)."""
-    from slidedp.runtime.checkpoint_files import META_FILE, read_meta
-    from slidedp.runtime.checkpoint_history import kept, latest
+    from slidedp.runtime.checkpoint_history import checkpoint_step, kept, latest
 
     ckpt = latest(out)
     if not ckpt.exists():  # a resume from an earlier kept checkpoint moved the latest aside: the newest kept one
@@ -157,11 +156,8 @@ def checkpoint_state(out: Path) -> str:
         if not older:
             return "no checkpoint was written"
         ckpt = older[-1][1]
-    try:
-        step = f" (step {read_meta(ckpt / META_FILE, str(ckpt))['data_step']})"
-    except (SlideDPError, KeyError):
-        step = ""
-    return f"the last complete checkpoint {ckpt}{step} is intact"
+    step = checkpoint_step(ckpt)
+    return f"the last complete checkpoint {ckpt}{'' if step is None else f' (step {step})'} is intact"
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
