@@ -28,14 +28,18 @@ def print_warning(line: str) -> None:
     Console(stderr=True).print(f"slidedp: warning: {line}", highlight=False, soft_wrap=True, markup=False)
 
 
+def _first_names(labels: list[str]) -> str:
+    """The runs a warning is about, as the first three and a count of the rest: one line however many."""
+    return ", ".join(labels[:3]) + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")
+
+
 def cpu_runs_warning(records: list[RunRecord], hw: HardwareProfile) -> str | None:
     """One warning line where runs measured on the CPU are judged against a profile of a GPU host: their errors
     say how far this CPU is from that host, not how good the profile is."""
     cpu = [r.label for r in records if r.measured_on_cpu]
     if not cpu:
         return None
-    names = ", ".join(cpu[:3]) + (f" and {len(cpu) - 3} more" if len(cpu) > 3 else "")
-    return (f"{names} ran on the CPU: {hw.name} prices a GPU host, so these errors measure the difference "
+    return (f"{_first_names(cpu)} ran on the CPU: {hw.name} prices a GPU host, so these errors measure the difference "
             f"between the two, not the profile")
 
 
@@ -46,10 +50,10 @@ def more_ranks_warning(records: list[RunRecord], hw: HardwareProfile) -> str | N
     wide = [r for r in records if r.ranks > hw.num_gpus]
     if not wide:
         return None
-    names = ", ".join(r.label for r in wide[:3]) + (f" and {len(wide) - 3} more" if len(wide) > 3 else "")
     most = max(r.ranks for r in wide)
-    return (f"{names} ran {most if len(wide) == 1 else f'up to {most}'} ranks, more than {hw.name}'s "
-            f"{hw.num_gpus} GPU(s): predicted as if the machine had a GPU per rank, each with its own PCIe link")
+    return (f"{_first_names([r.label for r in wide])} ran {most if len(wide) == 1 else f'up to {most}'} ranks, "
+            f"more than {hw.name}'s {hw.num_gpus} GPU(s): predicted as if the machine had a GPU per rank, each with "
+            f"its own PCIe link")
 
 
 def validation_table(title: str, table: pd.DataFrame) -> Table:
