@@ -74,8 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=_command("simulate", "run_simulate"))
 
     tune = sub.add_parser("tune", help="search policies under a memory budget and write the best as YAML")
-    add_problem_args(tune)
-    tune.set_defaults(batch=None)  # so that --batch beside --tokens-per-step is seen (the default is 32)
+    add_problem_args(tune, batch_default=None)  # so that --batch beside --tokens-per-step is seen (default: 32)
     tune.add_argument("--tokens-per-step", type=positive_int,
                       help="target tokens per optimizer step, instead of --batch (default batch 32)")
     tune.add_argument("--chunks", type=positive_int, nargs="+", help="chunks per layer to try (default 1 2 4 8 16)")
