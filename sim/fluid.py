@@ -198,15 +198,16 @@ def allocate(flows: list[_Flow], capacity: list[float], interference: Callable[[
         dirs.update(d for d in f.kind.split("+") if d in ("h2d", "d2h"))
         for i, _ in f.usage:
             left[i] = capacity[i]
+    # Each CPU pass's solo rate at its cap: the traffic both the interference and the copies' slowdown look up.
+    passes = [(f, _solo_rate(f, capacity, f.cap)) for f in flows if f.kind == CPU_PASS]
     if interference is not None:
         running = "+".join(d for d in ("h2d", "d2h") if d in dirs)
-        for f in flows:
-            if f.kind == CPU_PASS:
-                f.limit = f.cap / interference(running, _solo_rate(f, capacity, f.cap))
+        for f, solo in passes:
+            f.limit = f.cap / interference(running, solo)
     if copy_slowdown is not None and copy_resources:
         # Each pass at its solo rate, also passes that time-share the cores (a peer's cast beside its update):
         # their traffic is then overstated, and the copies slowed as if both ran at full rate.
-        cpu_traffic = sum(_solo_rate(f, capacity, f.cap) for f in flows if f.kind == CPU_PASS)
+        cpu_traffic = sum(solo for _, solo in passes)
         slowdown = copy_slowdown(cpu_traffic) if math.isfinite(cpu_traffic) else 1.0
         for i in copy_resources & left.keys():
             left[i] = capacity[i] / slowdown
