@@ -23,8 +23,6 @@ from pathlib import Path
 
 from benchmarks.common import log, require_cuda
 
-PIECE_BYTES = 2**30
-
 
 def _schedstat() -> dict[int, tuple[int, int]]:
     """Every thread of this process: (ns on a CPU, ns waiting on a run queue)."""
@@ -45,26 +43,9 @@ def _delta(before: dict, after: dict) -> dict[int, tuple[int, int]]:
 
 
 def _copies(rig, stop: threading.Event, blocking: bool, ident: dict) -> dict[str, float]:
-    """H2D and D2H 1 GiB pieces back to back until ``stop``; the wait for each pair is a spin
-    (``torch.cuda.synchronize``) or a sleep on a blocking event. GB/s of each."""
-    import torch
-
+    """The rig's H2D and D2H copies until ``stop``, noting this thread's id for the scheduler's counters."""
     ident["tid"] = threading.get_native_id()
-    done = torch.cuda.Event(blocking=True)
-    moved, t0 = 0, time.perf_counter()
-    while not stop.is_set():
-        with torch.cuda.stream(rig.streams["h2d"]):
-            rig.dev["h2d"].copy_(rig.host_src, non_blocking=True)
-        with torch.cuda.stream(rig.streams["d2h"]):
-            rig.host_dst.copy_(rig.dev["d2h"], non_blocking=True)
-        moved += PIECE_BYTES
-        if blocking:
-            for stream in (rig.streams["h2d"], rig.streams["d2h"]):
-                done.record(stream)
-                done.synchronize()
-        else:
-            torch.cuda.synchronize()
-    return {"gbps_each": moved / (time.perf_counter() - t0) / 1e9}
+    return rig.copies(("h2d", "d2h"), stop, blocking=blocking)
 
 
 def sample(rig, threads: int, copies: str | None) -> dict:

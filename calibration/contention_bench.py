@@ -69,10 +69,13 @@ class ContentionRig:
             return time.perf_counter() - t0
 
     def copies(self, directions: tuple[str, ...], stop: threading.Event | None = None,
-               seconds: float = 0.0) -> dict[str, float]:
+               seconds: float = 0.0, blocking: bool = False) -> dict[str, float]:
         """Copy 1 GiB pieces back to back in each of ``directions`` ("h2d", "h2d_b" = a second H2D stream,
-        "d2h") until ``stop`` is set (or for ``seconds``); GB/s of each."""
+        "d2h") until ``stop`` is set (or for ``seconds``); GB/s of each. The wait for each round spins in
+        ``torch.cuda.synchronize``, or with ``blocking`` sleeps on a blocking CUDA event per stream (which frees
+        the core: benchmarks.contention_spread compares the two)."""
         moved = dict.fromkeys(directions, 0)
+        done = torch.cuda.Event(blocking=True) if blocking else None
         t0 = time.perf_counter()
         while (stop is None and time.perf_counter() - t0 < seconds) or (stop is not None and not stop.is_set()):
             for d in directions:
@@ -82,7 +85,12 @@ class ContentionRig:
                     else:
                         self.dev[d].copy_(self.host_src, non_blocking=True)
                 moved[d] += PIECE_BYTES
-            torch.cuda.synchronize()
+            if done is None:
+                torch.cuda.synchronize()
+            else:
+                for d in directions:
+                    done.record(self.streams[d])
+                    done.synchronize()
         dt = time.perf_counter() - t0
         return {d: b / dt / 1e9 for d, b in moved.items()}
 
