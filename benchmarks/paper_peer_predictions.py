@@ -36,7 +36,7 @@ from slidedp.peers.systems import (
     TORCH_CLIP_GRAD_NORM_BF16,
 )
 from slidedp.problem import resolve_budget
-from slidedp.report.peers import geomean, load_rows
+from slidedp.report.peers import SIMULATED_AS, geomean, load_rows
 from slidedp.tune import TuneSpace, tune
 
 OURS = VARIANT_SPACES  # SlideDP as each variant peer_compare measures
@@ -45,7 +45,7 @@ PEERS = ("zero2-offload", "slideformer", "megatrain")
 # MegaTrain's passes are DeepSpeedCPUAdam's and torch's clip on bf16 instead of fp32 tensors.
 STAND_INS = {SLIDEFORMER_CPU_ADAM: DEEPSPEED_CPU_ADAM, DEEPSPEED_CPU_ADAM_BF16: DEEPSPEED_CPU_ADAM,
              TORCH_CLIP_GRAD_NORM_BF16: TORCH_CLIP_GRAD_NORM}
-MEASURED_AS = {"zero2-offload": "deepspeed-offload"}  # simulated name -> peer_compare's, where they differ
+MEASURED_AS = {sim: measured for measured, sim in SIMULATED_AS.items()}  # simulated name -> peer_compare's
 
 
 def with_stand_ins(hw: HardwareProfile, keys: tuple[str | None, ...]) -> tuple[HardwareProfile, list[str]]:

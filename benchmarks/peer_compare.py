@@ -14,6 +14,9 @@ GPU or host memory):
   fsdp2-offload      PyTorch FSDP2 `fully_shard` with CPUOffloadPolicy + bf16 MixedPrecisionPolicy, torch
                      AdamW on the CPU (fused kernel where DTensor allows it, foreach otherwise)
   deepspeed-offload  DeepSpeed ZeRO-2 with offload_optimizer cpu (DeepSpeedCPUAdam), bf16
+  deepspeed-zero3-offload
+                     DeepSpeed ZeRO-3 with offload_optimizer and offload_param cpu: bf16 partitions in
+                     pinned host memory, fetched per module in forward and again in backward
   resident           plain GPU-resident training: fp32 weights on the GPU, bf16 autocast, fused AdamW
   slideformer        SlideFormer's own multi_gpu/scripts/main_dp.py on one GPU, run as an external program from
                      --peers-dir (benchmarks.peer_external; its differences from the setup below are in each row)

@@ -24,14 +24,13 @@ from slidedp.hardware import GIB, HardwareProfile, load_hardware
 from slidedp.model_spec import load_model_spec
 from slidedp.peers import estimate_peer_memory, peer_step, simulate_peer
 from slidedp.peers.systems import DEEPSPEED_CPU_ADAM
-from slidedp.report.peers import load_rows
+from slidedp.report.peers import SIMULATED_AS, load_rows
 
 RESULTS = Path(__file__).parent / "results"
 SESSIONS = (RESULTS / "h200-2026-12-02b" / "peers", RESULTS / "h200-2026-12-02b" / "p8b",
             RESULTS / "h200-2026-12-02c" / "peers", RESULTS / "h200-2026-12-03b" / "pv")
-# The measured systems (benchmarks/peer_systems.py) and the simulated system that models each: one GPU's
-# "resident" run is plain training with fp32 weights, autocast and fused AdamW, i.e. DDP on one rank.
-MEASURED_AS = {"deepspeed-offload": "zero2-offload", "fsdp2-offload": "fsdp2-offload", "resident": "ddp-resident"}
+# The peers these sessions measured, and the simulated system of each (one map: slidedp.report.peers).
+MEASURED_AS = {m: SIMULATED_AS[m] for m in ("deepspeed-offload", "fsdp2-offload", "resident")}
 BATCHES = (1, 2, 4, 8, 16)
 STAND_IN = "stand-in DeepSpeedCPUAdam rate = SlideDP's one-pass kernel (assumed, not measured)"
 

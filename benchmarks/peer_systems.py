@@ -122,29 +122,54 @@ def run_fsdp2(args, emit, ranks: Ranks, offload: bool) -> None:
         dist.destroy_process_group()
 
 
-def run_deepspeed_offload(args, emit) -> None:
+# DeepSpeed's ZeRO settings of the measured runs, by stage: ZeRO-2 offloads the optimizer (bf16 weights stay on
+# the GPU); ZeRO-3 offloads parameters too (bf16 partitions in pinned host memory, fetched per module). Bucket
+# sizes as slidedp.peers.systems.ZERO_BUCKET_PARAMS says; every other stage-3 key at DeepSpeed's default.
+DEEPSPEED_STAGES = {"deepspeed-offload": 2, "deepspeed-zero3-offload": 3}
+
+
+def deepspeed_config(stage: int) -> dict:
+    """The DeepSpeed config a measured run passes to ``deepspeed.initialize`` (bf16, global clipping, AdamW on
+    the CPU; micro batch 1 is what the engine is told, the batch is the tensor's first dimension)."""
+    from slidedp.peers.systems import ZERO_BUCKET_PARAMS
+
+    if stage not in (2, 3):
+        raise ValueError(f"ZeRO stage {stage} is not a measured peer (2 or 3)")
+    zero = {"stage": stage, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": ZERO_BUCKET_PARAMS}
+    if stage == 2:
+        zero["allgather_bucket_size"] = ZERO_BUCKET_PARAMS
+    else:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
+            "bf16": {"enabled": True}, "gradient_clipping": CLIP,
+            "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS,
+                                                      "weight_decay": 0.0}},
+            "zero_optimization": zero}
+
+
+def run_deepspeed_offload(args, emit, system: str = "deepspeed-offload") -> None:
+    """DeepSpeed ZeRO-Offload at ``system``'s stage (DEEPSPEED_STAGES): the model built on the GPU as every peer
+    builds it, then handed to ``deepspeed.initialize``, which partitions it (and at stage 3 moves the bf16
+    partitions to pinned host memory)."""
     os.environ.setdefault("DS_ACCELERATOR", "cuda")
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                        ("MASTER_PORT", str(args.port))):
         os.environ.setdefault(key, value)  # torchrun sets them for several ranks
     import deepspeed
 
+    stage = DEEPSPEED_STAGES[system]
     ranks = Ranks.from_env(args.device)
     cfg, lm = build_lm(args.model, ranks.device)
     module = wrap_with_loss(lm)
     module.to_empty(device=ranks.device)
     materialise_(module, cfg, ranks.device)
-    config = {
-        "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
-        "bf16": {"enabled": True}, "gradient_clipping": CLIP,
-        "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS, "weight_decay": 0.0}},
-        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True},
-                              "overlap_comm": True, "contiguous_gradients": True,
-                              "reduce_bucket_size": 200_000_000, "allgather_bucket_size": 200_000_000},
-    }
+    if stage == 3:  # the loss reads the head's weight outside the head's own forward (DeepSpeed's documented rule)
+        deepspeed.zero.register_external_parameter(module, lm.lm_head.weight)
     t0 = time.perf_counter()
-    engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
-    log(f"deepspeed-offload: initialize (incl. CPU Adam JIT build) {time.perf_counter() - t0:.1f} s")
+    engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=module.parameters(),
+                                           config=deepspeed_config(stage))
+    log(f"{system}: initialize (incl. CPU Adam JIT build) {time.perf_counter() - t0:.1f} s")
 
     clock = PhaseClock(getattr(args, "phases", False), ranks.device.startswith("cuda"))
 
@@ -158,8 +183,9 @@ def run_deepspeed_offload(args, emit) -> None:
         clock.mark("optimizer")
         return loss.detach()
 
-    time_batches("deepspeed-offload", args, ranks, cfg.vocab_size, step, emit,
-                 {"optimizer": "DeepSpeedCPUAdam (ZeRO-2 offload_optimizer cpu)", "deepspeed": deepspeed.__version__},
+    offloaded = "offload_optimizer cpu" + (", offload_param cpu" if stage == 3 else "")
+    time_batches(system, args, ranks, cfg.vocab_size, step, emit,
+                 {"optimizer": f"DeepSpeedCPUAdam (ZeRO-{stage} {offloaded})", "deepspeed": deepspeed.__version__},
                  clock=clock)
 
 
@@ -286,7 +312,9 @@ def run_slidedp_train(args, emit, system: str) -> None:
 
 
 WORKERS = {**{name: (lambda args, emit, name=name: run_slidedp(args, emit, name)) for name in VARIANT_SPACES},
-           "fsdp2-offload": run_fsdp2_offload, "deepspeed-offload": run_deepspeed_offload,
+           "fsdp2-offload": run_fsdp2_offload,
+           **{name: (lambda args, emit, name=name: run_deepspeed_offload(args, emit, name))
+              for name in DEEPSPEED_STAGES},
            "resident": run_resident,
            # Other projects' programs, run from the ignored .peers folder (benchmarks.peer_external).
            **{name: (lambda args, emit, peer=peer: run_external_peer(args, emit, peer))

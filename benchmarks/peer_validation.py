@@ -1,15 +1,21 @@
 """Peers predicted before they run, then measured, in one invocation: the held-out check of the peer models.
 
     python -m benchmarks.peer_validation --out DIR [--model qwen3-4b] [--seq 4096] [--batches 1 2 4 8]
+        [--systems deepspeed-offload fsdp2-offload] [--calibrate clip|host] [--base h200-x1] [--no-contention]
 
-1. Calibrates what the peers' models still lack on this host (torch's clip_grad_norm_ over CPU gradients, the
-   rate FSDP2-offload's clip runs at) with calibration.peer_bench, into DIR/profile.yaml (the base profile
-   otherwise unchanged: DeepSpeedCPUAdam and torch's CPU AdamW rates, DRAM capacity).
-2. Writes DIR/predictions.json: the simulator's step time, limiter and memory for ZeRO-2-Offload and
-   FSDP2-offload at every batch, and the contention experiments' predictions (benchmarks.contention), before
-   anything is run. Nothing is fitted to the peers' step times.
+1. Calibrates what the peers' models lack on this host into DIR/profile.yaml. ``--calibrate clip`` (the
+   default) times torch's clip_grad_norm_ over CPU gradients only (the rate FSDP2-offload's clip runs at) and keeps
+   every other field of --base. ``--calibrate host`` runs ``slidedp calibrate --host-only --base BASE``: every CPU
+   rate of this host (SlideDP's update modes, the peers' CPU AdamW and clip where installed, copy and cast), the
+   GPU, PCIe and contention fields kept from BASE: what a user on a machine the profile never saw would run.
+   ``--calibrate none`` takes BASE as it is (a profile an earlier call on the same machine wrote).
+2. Writes DIR/predictions.json: the simulator's step time, limiter and GPU / host memory for each of --systems
+   (measured names, simulated as slidedp.report.peers.SIMULATED_AS says) at every batch, and the contention
+   experiments' predictions (benchmarks.contention) unless --no-contention, before anything is run. Nothing is
+   fitted to the peers' step times.
 3. Measures the contention experiments, then the peers (benchmarks.peer_compare, one process per system).
-4. Writes DIR/comparison.md: predicted vs measured.
+4. Writes DIR/comparison.md: predicted vs measured step time, GPU peak and host memory, and per system the first
+   batch out of GPU memory, predicted and measured.
 """
 
 from __future__ import annotations
@@ -24,56 +30,96 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import log, require_cuda
+from slidedp.report.peers import SIMULATED_AS
 
-MEASURED_AS = {"deepspeed-offload": "zero2-offload", "fsdp2-offload": "fsdp2-offload"}
+DEFAULT_SYSTEMS = ("deepspeed-offload", "fsdp2-offload")
 
 
-def main() -> int:
-    from benchmarks import contention
-    from benchmarks.peer_predictions import predict
+def calibrated_profile(how: str, base_name: str, out: Path):
+    """The profile the predictions use, written to ``out``/profile.yaml (see the module's step 1)."""
     from slidedp.calibration.host_bench import peer_thread_counts
     from slidedp.calibration.measurements import Measurements
     from slidedp.calibration.peer_bench import peer_adam_benchmarks
     from slidedp.hardware import load_hardware
     from slidedp.peers.systems import TORCH_CLIP_GRAD_NORM
 
+    path = out / "profile.yaml"
+    if how == "none":
+        hw = load_hardware(base_name)
+        hw.save(path)
+        return hw
+    if how == "host":
+        cmd = [sys.executable, "-m", "slidedp.cli", "calibrate", "--host-only", "--base", base_name,
+               "--out", str(path)]
+        with open(out / "calibrate.log", "w") as logfile:
+            done = subprocess.run(cmd, stdout=logfile, stderr=subprocess.STDOUT, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"slidedp calibrate --host-only failed (exit {done.returncode}): {out / 'calibrate.log'}")
+        return load_hardware(str(path))
+    m = Measurements()
+    peer_adam_benchmarks(m, False, peer_thread_counts(), implementations=(TORCH_CLIP_GRAD_NORM,))
+    base = load_hardware(base_name)
+    hw = replace(base, name=f"{base.name}+clip", host=replace(base.host, peer_adam_gparams_per_s={
+        **base.host.peer_adam_gparams_per_s, **m.peer_adam_gparams_per_s}))
+    hw.save(path)
+    log(f"calibrated: {m.peer_adam_gparams_per_s} {m.report.get('warnings', [])}")
+    return hw
+
+
+def main() -> int:
+    from benchmarks import contention
+    from benchmarks.peer_predictions import predict
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="folder for the profile, predictions, results and comparison")
     parser.add_argument("--base", default="h200-x1")
+    parser.add_argument("--calibrate", choices=("clip", "host", "none"), default="clip")
+    parser.add_argument("--systems", nargs="+", choices=sorted(SIMULATED_AS), default=list(DEFAULT_SYSTEMS))
     parser.add_argument("--model", default="qwen3-4b")
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--no-contention", action="store_true", help="skip the contention experiments")
+    parser.add_argument("--phases", action="store_true", help="time each step's phases too (peer_compare --phases)")
     parser.add_argument("--deadline", type=float, default=420, help="seconds for the peer runs at most")
+    parser.add_argument("--timeout", type=float, help="seconds per system at most (default: half of --deadline "
+                        "plus 30)")
+    parser.add_argument("--compare", metavar="DIR", help="only rebuild DIR/comparison.md from its files (no GPU)")
     args = parser.parse_args()
+    if args.compare:
+        text = compare_folder(Path(args.compare))
+        (Path(args.compare) / "comparison.md").write_text(text)
+        print(text, end="")
+        return 0
     require_cuda("benchmarks.peer_validation")
+    if not args.out:
+        parser.error("--out is required")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    m = Measurements()
-    peer_adam_benchmarks(m, False, peer_thread_counts(), implementations=(TORCH_CLIP_GRAD_NORM,))
-    base = load_hardware(args.base)
-    hw = replace(base, name=f"{base.name}+clip", host=replace(base.host, peer_adam_gparams_per_s={
-        **base.host.peer_adam_gparams_per_s, **m.peer_adam_gparams_per_s}))
-    hw.save(out / "profile.yaml")
-    log(f"calibrated: {m.peer_adam_gparams_per_s} {m.report.get('warnings', [])}")
-
+    hw = calibrated_profile(args.calibrate, args.base, out)
     predictions = {"written_at": time.strftime("%Y-%m-%d %H:%M:%S"), "profile": hw.name,
-                   "peer_rates": hw.host.peer_adam_gparams_per_s, "mem_bw_gbps": hw.host.mem_bw_gbps, "peers": {}}
-    for measured, system in MEASURED_AS.items():
-        predictions["peers"][measured] = {b: predict(system, args.model, hw, args.seq, b) for b in args.batches}
-    predictions["contention"] = contention.predict(str(out / "profile.yaml"), 2**28)
+                   "peer_rates": hw.host.peer_adam_gparams_per_s, "mem_bw_gbps": hw.host.mem_bw_gbps,
+                   "gpu_memory_gib": hw.gpu.memory_gib, "peers": {}}
+    for measured in args.systems:
+        predictions["peers"][measured] = {b: predict(SIMULATED_AS[measured], args.model, hw, args.seq, b)
+                                          for b in args.batches}
+    if not args.no_contention:
+        predictions["contention"] = contention.predict(str(out / "profile.yaml"), 2**28)
     (out / "predictions.json").write_text(json.dumps(predictions, indent=1))
     log(f"predictions written: {predictions['peers']}")
 
-    measured_contention = contention.measure(2**28, 3)
-    (out / "contention_measured.json").write_text(json.dumps(measured_contention, indent=1))
+    measured_contention = {}
+    if not args.no_contention:
+        measured_contention = contention.measure(2**28, 3)
+        (out / "contention_measured.json").write_text(json.dumps(measured_contention, indent=1))
 
-    peers_dir = Path("/tmp/peer_validation_peers")
+    peers_dir = out / "peers"  # inside --out, so rows a killed call finished still come back
     shutil.rmtree(peers_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "benchmarks.peer_compare", "--model", args.model, "--seq", str(args.seq),
-           "--batches", *map(str, args.batches), "--steps", str(args.steps), "--systems", *MEASURED_AS,
-           "--timeout", str(args.deadline / 2 + 30), "--deadline", str(args.deadline), "--out", str(peers_dir)]
+           "--batches", *map(str, args.batches), "--steps", str(args.steps), "--systems", *args.systems,
+           "--timeout", str(args.timeout or args.deadline / 2 + 30), "--deadline", str(args.deadline),
+           "--out", str(peers_dir)] + (["--phases"] if args.phases else [])
     subprocess.run(cmd, check=False)
     shutil.copy(peers_dir / "results.jsonl", out / "results.jsonl")
     (out / "comparison.md").write_text(comparison(predictions, measured_contention, out / "results.jsonl"))
@@ -81,24 +127,73 @@ def main() -> int:
     return 0
 
 
+def _pct(pred: float, meas: float) -> str:
+    return f"{100 * (pred - meas) / meas:+.1f}%"
+
+
+def first_oom(per_batch: dict[int, bool]) -> str:
+    """The first batch that ran out of GPU memory (``per_batch``: batch -> out of memory), or "none up to B"."""
+    ooms = [b for b, oom in sorted(per_batch.items()) if oom]
+    return str(ooms[0]) if ooms else f"none up to {max(per_batch)}"
+
+
 def comparison(predictions: dict, contention_measured: dict, results: Path) -> str:
+    """predicted vs measured per (system, batch): step time, GPU peak, host memory; the first batch out of GPU
+    memory per system; the contention experiments."""
     rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
-    lines = ["| system | batch | predicted s (limiter) | measured s | error |", "|---|---|---|---|---|"]
+    peers = {system: {int(b): p for b, p in per.items()} for system, per in predictions["peers"].items()}
+    lines = ["| system | batch | predicted s (limiter) | measured s | error | GPU peak GiB pred / meas "
+             "| host GiB pred / RSS |", "|---|---|---|---|---|---|---|"]
+    errors: dict[str, list[float]] = {}
+    oom_pred: dict[str, dict[int, bool]] = {}
+    oom_meas: dict[str, dict[int, bool]] = {}
     for r in rows:
-        pred = predictions["peers"].get(r["system"], {}).get(r["batch"]) or {}
-        meas = r.get("step_time_s")
+        system, batch = r["system"], r["batch"]
+        pred = peers.get(system, {}).get(batch) or {}
+        meas = r.get("step_time_s") if r.get("status") == "ok" else None
+        if "step_s" in pred:
+            oom_pred.setdefault(system, {})[batch] = not pred["fits"]
+        if r.get("status") == "ok" or r.get("status") == "oom":
+            oom_meas.setdefault(system, {})[batch] = r.get("status") == "oom"
+        predicted = f"{pred['step_s']:.3f} ({pred['limiter']})" if "step_s" in pred else pred.get("refused", "-")
+        if not pred.get("fits", True):
+            predicted += " OOM"
+        err = "-"
         if "step_s" in pred and meas:
-            err = f"{100 * (pred['step_s'] - meas) / meas:+.1f}%"
-            lines.append(f"| {r['system']} | {r['batch']} | {pred['step_s']:.3f} ({pred['limiter']}) | {meas:.3f} "
-                         f"| {err} |")
-        else:
-            lines.append(f"| {r['system']} | {r['batch']} | {pred.get('refused', '-')} | {r.get('status')} | - |")
-    lines += ["", "| contention experiment | predicted | measured | error |", "|---|---|---|---|"]
-    for key, p in predictions["contention"].items():
-        m = contention_measured.get(key)
-        if isinstance(p, float) and isinstance(m, float):
-            lines.append(f"| {key} | {p:.4f} | {m:.4f} | {100 * (p - m) / m:+.1f}% |")
+            errors.setdefault(system, []).append(100 * (pred["step_s"] - meas) / meas)
+            err = _pct(pred["step_s"], meas)
+        gpu = f"{pred['peak_gib']:.1f} / " if "peak_gib" in pred else "- / "
+        gpu += f"{r['gpu_peak_gib']:.1f}" if isinstance(r.get("gpu_peak_gib"), (int, float)) else "-"
+        host = f"{pred['host_gib']:.1f} / " if "host_gib" in pred else "- / "
+        host += f"{r['host_rss_peak_gib']:.1f}" if isinstance(r.get("host_rss_peak_gib"), (int, float)) else "-"
+        lines.append(f"| {system} | {batch} | {predicted} | {f'{meas:.3f}' if meas else r.get('status')} | {err} "
+                     f"| {gpu} | {host} |")
+    lines.append("")
+    for system, errs in errors.items():
+        worst = max(errs, key=abs)
+        within = sum(abs(round(e, 1)) <= 10 for e in errs)  # as the table shows them
+        lines.append(f"- {system}: MAPE {sum(map(abs, errs)) / len(errs):.1f}%, worst {worst:+.1f}%, "
+                     f"{within} of {len(errs)} within 10%")
+    lines += ["", "| system | first batch out of GPU memory, predicted | measured |", "|---|---|---|"]
+    for system in oom_meas:
+        lines.append(f"| {system} | {first_oom(oom_pred.get(system, {0: False}))} | {first_oom(oom_meas[system])} |")
+    if predictions.get("contention"):
+        lines += ["", "| contention experiment | predicted | measured | error |", "|---|---|---|---|"]
+        for key, p in predictions["contention"].items():
+            m = contention_measured.get(key)
+            if isinstance(p, float) and isinstance(m, float):
+                lines.append(f"| {key} | {p:.4f} | {m:.4f} | {_pct(p, m)} |")
     return "\n".join(lines) + "\n"
+
+
+def compare_folder(folder: Path) -> str:
+    """comparison.md again from a fetched run's predictions.json, results.jsonl (or peers/results.jsonl, where the
+    call was stopped before it copied them) and contention_measured.json."""
+    predictions = json.loads((folder / "predictions.json").read_text())
+    contention_file = folder / "contention_measured.json"
+    measured = json.loads(contention_file.read_text()) if contention_file.exists() else {}
+    results = folder / "results.jsonl"
+    return comparison(predictions, measured, results if results.exists() else folder / "peers" / "results.jsonl")
 
 
 if __name__ == "__main__":

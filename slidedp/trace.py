@@ -16,7 +16,7 @@ from slidedp.errors import SlideDPError
 
 # Trace op names, grouped by the resource category exposure is attributed to.
 OP_CATEGORY: dict[str, str] = {
-    "h2d_param": "h2d", "h2d_ckpt": "h2d",
+    "h2d_param": "h2d", "h2d_ckpt": "h2d", "h2d_grad": "h2d",
     "d2h_grad": "d2h", "d2h_ckpt": "d2h", "grad_sync": "d2h",
     "allgather": "collective", "reduce_scatter": "collective", "allreduce": "collective",
     "host_allreduce": "collective", "host_reduce_scatter": "collective", "weight_allgather": "collective",

@@ -126,7 +126,7 @@ class _PeerBuilder:
             group = self._group()
             for r in range(self.n):
                 done[r] = self._collective(op, r, u, nbytes, [done[r]], group, "rs")
-        d2h = step.d2h_grad_bytes(u)
+        d2h, staged = step.d2h_grad_bytes(u), step.grad_staging_bytes(u)
         sync_s = step.grad_sync_s(u)
         per_unit = step.system.update_per_unit
         buffers = step.system.grad_buffers
@@ -134,6 +134,11 @@ class _PeerBuilder:
             if sync_s > 0:  # the unit's GPU passes and host reads before its copy, on the offload's own chain
                 done[r] = self.plan.add(op=GRAD_SYNC_OP, rank=r, stream=f"d2h[{r}]", resource=f"gpu[{r}]", unit=u,
                                         chunk=-1, amount=sync_s, flops=0.0, host_bytes=0.0, deps=[done[r]])
+            if staged > 0:  # the partition to a pinned host buffer and straight back, before its fp32 copy
+                done[r] = self.plan.add(op="d2h_grad", rank=r, stream=f"d2h[{r}]", resource=f"d2h[{r}]", unit=u,
+                                        chunk=-1, amount=staged, flops=0.0, host_bytes=staged, deps=[done[r]],
+                                        usage=dma_usage(w.hw, r, "d2h"), latency=w.pcie_latency)
+                done[r] = self._h2d(r, staged, [done[r]], op="h2d_grad", unit=u, chunk=-1)
             if d2h > 0:
                 deps = [done[r]]
                 if per_unit and buffers and (u + buffers, r) in self.unit_update:  # its host buffer is free again

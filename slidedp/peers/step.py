@@ -126,6 +126,11 @@ class PeerStep:
     def d2h_grad_bytes(self, u: int) -> float:
         return self.system.grad_d2h_bytes * self.w.units[u].params / self.n
 
+    def grad_staging_bytes(self, u: int) -> float:
+        """Bytes of unit ``u``'s gradient partition one rank copies to the host and back before its
+        ``d2h_grad_bytes`` copy (PeerSystem.grad_staging_bytes)."""
+        return self.system.grad_staging_bytes * self.w.units[u].params / self.n
+
     def unit_adam_bytes(self, u: int) -> float:
         """DRAM bytes of unit ``u``'s update where the system updates per unit (one GPU: its whole unit)."""
         return self.adam_bytes_per_param * self.w.units[u].params
@@ -267,8 +272,11 @@ class PeerStep:
         if collective:
             out[s.grad_op] = _link_totals(w, collective)
         if s.grad_d2h_bytes:
-            d2h = s.grad_d2h_bytes * total
+            d2h = (s.grad_d2h_bytes + s.grad_staging_bytes) * total
             out["d2h_grad"] = {"bytes": d2h, "host_bytes": d2h, "flops": 0.0}
+        if s.grad_staging_bytes:
+            staged = s.grad_staging_bytes * total
+            out["h2d_grad"] = {"bytes": staged, "host_bytes": staged, "flops": 0.0}
         if s.serial_grad_copy is not None:  # fixed-duration GPU passes: seconds, no flow bytes
             out[GRAD_SYNC_OP] = {"bytes": 0.0, "host_bytes": 0.0, "flops": 0.0, "seconds": n * self.grad_sync_total_s()}
         cpu = {"clip": s.clip_host_bytes * total,

@@ -13,9 +13,15 @@ What each spec encodes (``benchmarks/peer_systems.py`` is what was measured):
   backward compute (``DEEPSPEED_OFFLOAD_GRAD_SYNC``); after backward the CPU scales the gradients for clipping and
   DeepSpeedCPUAdam steps the fp32 partition; the new weights are cast to bf16 on the CPU, copied back to the GPU
   and all-gathered.
-- ``zero3-offload``: ZeRO-3 with parameters and optimizer offloaded: bf16 parameters live on the host, each rank
-  fetches its 1/N of every layer before its forward and again before its backward and the ranks all-gather; the
-  CPU update writes the bf16 copy the next fetch reads.
+- ``zero3-offload``: ZeRO-3 with parameters and optimizer offloaded: bf16 parameters live in pinned host memory,
+  each rank fetches its 1/N of every layer before its forward and again before its backward (the recompute's
+  forward hooks fetch it; backward finds it still gathered) and the ranks all-gather. Each gradient partition is
+  reduce-scattered in bf16 buckets, copied D2H into a pinned bf16 buffer and straight back to the GPU, cast to
+  fp32 there and copied D2H again (``grad_staging_bytes``); nothing waits for a copy until backward ends. After
+  backward the CPU unscales the fp32 gradients (the clip), DeepSpeedCPUAdam steps, and the new fp32 master is cast
+  into the pinned bf16 copy the next fetch reads (no copy to the GPU). Read in DeepSpeed 0.19.8's
+  runtime/zero/stage3.py (partition_grads, _optimizer_step, _reassign_or_swap_out_partitioned_parameters) and
+  partition_parameters.py (the world-size-1 fetch is a non-blocking host copy per parameter).
 - ``fsdp2-offload``: FSDP2 ``fully_shard`` per layer with ``CPUOffloadPolicy``: fp32 shards on the host, copied to
   the GPU (fp32) and all-gathered in bf16 before each layer's forward and backward (the root's embedding and head
   stay gathered from forward to backward), fp32 gradients reduce-scattered and copied to the host; after backward
@@ -172,6 +178,9 @@ class PeerSystem:
     host_overhead_bytes: float = 0.0
     # The gradient offload runs in series with backward (see SerialGradCopy); None: it overlaps the compute.
     serial_grad_copy: SerialGradCopy | None = None
+    # Bytes per gradient element each rank copies D2H and straight back H2D before its ``grad_d2h_bytes`` copy
+    # (ZeRO-3 stages every reduced bf16 partition in a pinned host buffer first); 0: no such round trip.
+    grad_staging_bytes: int = 0
     # The layer-streaming peers (SlideFormer, MegaTrain), each stated from its code (benchmarks/peer_sources.md):
     single_gpu: bool = False  # modelled on one GPU only (their multi-GPU modes reduce on the CPU, not modelled)
     backward_fetches: int = 1  # copies of each decoder layer in backward, where refetch_in_backward
@@ -240,7 +249,9 @@ SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
         grad_collective="reduce_scatter", grad_collective_bytes=2, grad_d2h_bytes=4,
         optimizer="cpu", cpu_adam=DEEPSPEED_CPU_ADAM, clip_host_bytes=8, cast_after_step=True, writeback_h2d_bytes=0,
         gpu_weight_bytes=0, gpu_moment_bytes=0, gpu_grad_bytes=0, gpu_state_sharded=True, autocast_cache=False,
-        host_state_bytes=18, grad_bucket_params=ZERO_BUCKET_PARAMS),
+        # pinned bf16 parameters 2 + pinned bf16 gradient staging 2 + pinned fp32 gradients 4 + fp32 master 4 +
+        # moments 8 (stage3.py's buffers)
+        host_state_bytes=20, grad_bucket_params=ZERO_BUCKET_PARAMS, grad_staging_bytes=2),
     PeerSystem(
         name="fsdp2-offload", summary="PyTorch FSDP2 with CPUOffloadPolicy (torch CPU AdamW, fused)",
         fetch_h2d_bytes=4, gathered_bytes=2, refetch_in_backward=True,

@@ -14,15 +14,20 @@ import math
 from pathlib import Path
 
 SYSTEMS = ("slidedp", "slidedp-host", "slidedp-compact", "slidedp-int8", "fsdp2-offload", "deepspeed-offload",
-           "resident", "slideformer", "megatrain")
+           "deepspeed-zero3-offload", "resident", "slideformer", "megatrain")
 # Tuned freely; every optimizer state on the host (exact fp32); the same in the compact bf16+int8 state; the same
 # with fp32 master weights and int8 moments (benchmarks/our_variants.py says what each runs under).
 OURS = ("slidedp", "slidedp-host", "slidedp-compact", "slidedp-int8")
 PEERS = tuple(s for s in SYSTEMS if s not in OURS)
+# The measured peers (benchmarks/peer_systems.py) and the simulated system (slidedp.peers.SYSTEMS) that models
+# each: one GPU's "resident" run is plain training with fp32 weights, autocast and fused AdamW, DDP on one rank.
+SIMULATED_AS = {"deepspeed-offload": "zero2-offload", "deepspeed-zero3-offload": "zero3-offload",
+                "fsdp2-offload": "fsdp2-offload", "resident": "ddp-resident", "slideformer": "slideformer",
+                "megatrain": "megatrain"}
 COLORS = {"slidedp": "tab:blue", "slidedp-host": "tab:cyan", "slidedp-compact": "tab:olive",
           "slidedp-int8": "tab:gray", "fsdp2-offload": "tab:orange",
-          "deepspeed-offload": "tab:green", "resident": "tab:red", "slideformer": "tab:purple",
-          "megatrain": "tab:brown"}
+          "deepspeed-offload": "tab:green", "deepspeed-zero3-offload": "tab:pink", "resident": "tab:red",
+          "slideformer": "tab:purple", "megatrain": "tab:brown"}
 TITLE = "Full-parameter training throughput on {where}: SlideDP, offloading peers, GPU-resident"
 
 

@@ -18,7 +18,8 @@ from slidedp.peers.systems import SLIDEDP  # noqa: E402
 from slidedp.trace import EXPOSURE_CATEGORIES  # noqa: E402
 
 OP_COLORS = {
-    "fwd": "#4c72b0", "bwd": "#2a4d80", "h2d_param": "#55a868", "h2d_ckpt": "#8fd18f", "d2h_grad": "#c44e52",
+    "fwd": "#4c72b0", "bwd": "#2a4d80", "h2d_param": "#55a868", "h2d_ckpt": "#8fd18f", "h2d_grad": "#b7e4b7",
+    "d2h_grad": "#c44e52",
     "d2h_ckpt": "#e69a9c", "allgather": "#8172b2", "reduce_scatter": "#b0a4dc", "cpu_reduce": "#ccb974",
     "adam": "#dd8452", "cast": "#f2b98f", "clip": "#b5651d",
 }

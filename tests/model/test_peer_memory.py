@@ -16,7 +16,7 @@ from tests.builders import free_machine, tiny_model
 # per GPU with N ranks, as the module docstrings document them.
 DOCUMENTED = {
     "zero2-offload": (lambda n: 2, lambda n: 0, 16),
-    "zero3-offload": (lambda n: 0, lambda n: 0, 18),
+    "zero3-offload": (lambda n: 0, lambda n: 0, 20),
     "fsdp2-offload": (lambda n: 0, lambda n: 0, 16),
     "fsdp2-resident": (lambda n: 12 / n, lambda n: 4 / n, 0),
     "ddp-resident": (lambda n: 12, lambda n: 4, 0),

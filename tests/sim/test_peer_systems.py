@@ -68,6 +68,10 @@ def test_closed_forms_are_the_documented_bytes_per_parameter():
     assert totals["zero2-offload"]["d2h_grad"]["bytes"] == pytest.approx(4 * p)
     assert totals["zero2-offload"]["cast"]["host_bytes"] == pytest.approx(6 * p)
     assert totals["zero3-offload"]["h2d_param"]["bytes"] == pytest.approx(2 * (p + layers))
+    # ZeRO-3 stages each bf16 gradient partition on the host and back before its fp32 copy: 2 + 4 B out, 2 B in
+    assert totals["zero3-offload"]["d2h_grad"]["bytes"] == pytest.approx(6 * p)
+    assert totals["zero3-offload"]["h2d_grad"]["bytes"] == pytest.approx(2 * p)
+    assert totals["zero3-offload"]["adam"]["host_bytes"] == pytest.approx(28 * p)  # reads the fp32 gradient
     assert totals["ddp-resident"]["allreduce"]["bytes"] == pytest.approx(4 * 2 * 3 / 4 * 4 * p)
     assert totals["fsdp2-resident"]["reduce_scatter"]["bytes"] == pytest.approx(4 * 3 / 4 * 4 * p)
     for name in ("ddp-resident", "fsdp2-resident"):

@@ -1,0 +1,84 @@
+"""benchmarks.peer_validation and the DeepSpeed workers' configs: what the held-out peer check writes and reads,
+without a GPU (the runs themselves need one)."""
+
+import json
+
+import pytest
+
+from benchmarks.peer_systems import DEEPSPEED_STAGES, WORKERS, deepspeed_config
+from benchmarks.peer_validation import compare_folder, first_oom
+from slidedp.peers.systems import SYSTEMS as SIMULATED
+from slidedp.peers.systems import ZERO_BUCKET_PARAMS
+from slidedp.report.peers import COLORS, SIMULATED_AS, SYSTEMS
+
+
+def test_each_measured_peer_is_simulated_by_a_registered_system_and_has_a_worker_and_colour():
+    for measured, simulated in SIMULATED_AS.items():
+        assert measured in SYSTEMS and measured in WORKERS and measured in COLORS
+        assert simulated in SIMULATED
+    assert SIMULATED_AS["deepspeed-zero3-offload"] == "zero3-offload"
+
+
+def test_zero2_config_is_the_one_the_earlier_sessions_measured():
+    zero = deepspeed_config(2)["zero_optimization"]
+    assert zero == {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": True}, "overlap_comm": True,
+                    "contiguous_gradients": True, "reduce_bucket_size": 200_000_000,
+                    "allgather_bucket_size": 200_000_000}
+    assert "offload_param" not in zero
+
+
+def test_zero3_config_offloads_parameters_too_and_keeps_the_bucket_the_simulator_assumes():
+    config = deepspeed_config(3)
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_param"] == {"device": "cpu", "pin_memory": True}
+    assert zero["reduce_bucket_size"] == ZERO_BUCKET_PARAMS == SIMULATED["zero3-offload"].grad_bucket_params
+    assert config["bf16"] == {"enabled": True} and config["gradient_clipping"] == 1.0
+    assert {DEEPSPEED_STAGES[m] for m in ("deepspeed-offload", "deepspeed-zero3-offload")} == {2, 3}
+    with pytest.raises(ValueError, match="stage 1"):
+        deepspeed_config(1)
+
+
+def test_first_oom_names_the_smallest_batch_that_ran_out():
+    assert first_oom({1: False, 4: True, 2: False, 8: True}) == "4"
+    assert first_oom({1: False, 2: False}) == "none up to 2"
+
+
+def test_comparison_from_fetched_files_gives_errors_memory_and_first_oom(tmp_path):
+    predictions = {"profile": "p", "peers": {
+        "resident": {"1": {"step_s": 0.55, "limiter": "compute", "peak_gib": 70.0, "host_gib": 0.0, "fits": True},
+                     "2": {"step_s": 1.1, "limiter": "compute", "peak_gib": 90.0, "host_gib": 0.0, "fits": False}},
+        "deepspeed-zero3-offload": {"1": {"refused": "no rate"}}},
+        "contention": {"adam16_s": 0.05, "profile": "p"}}
+    rows = [{"system": "resident", "batch": 1, "status": "ok", "step_time_s": 0.5, "gpu_peak_gib": 66.0,
+             "host_rss_peak_gib": 1.6},
+            {"system": "resident", "batch": 2, "status": "oom"},
+            {"system": "deepspeed-zero3-offload", "batch": 1, "status": "ok", "step_time_s": 3.0}]
+    (tmp_path / "predictions.json").write_text(json.dumps(predictions))
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "contention_measured.json").write_text(json.dumps({"adam16_s": 0.04}))
+    text = compare_folder(tmp_path)
+    assert "| resident | 1 | 0.550 (compute) | 0.500 | +10.0% | 70.0 / 66.0 | 0.0 / 1.6 |" in text
+    assert "| resident | 2 | 1.100 (compute) OOM | oom | - |" in text
+    assert "| deepspeed-zero3-offload | 1 | no rate | 3.000 | - |" in text
+    assert "- resident: MAPE 10.0%, worst +10.0%, 1 of 1 within 10%" in text
+    assert "| resident | 2 | 2 |" in text  # predicted and measured first OOM batch
+    assert "| adam16_s | 0.0500 | 0.0400 | +25.0% |" in text
+
+
+def test_calibrate_none_takes_the_base_profile_as_it_is(tmp_path):
+    from benchmarks.peer_validation import calibrated_profile
+    from slidedp.hardware import load_hardware
+
+    hw = calibrated_profile("none", "h100-sxm-x1", tmp_path)
+    assert (tmp_path / "profile.yaml").exists()
+    assert load_hardware(str(tmp_path / "profile.yaml")) == hw == load_hardware("h100-sxm-x1")
+
+
+def test_comparison_reads_the_peers_rows_a_stopped_call_left_in_its_peers_folder(tmp_path):
+    predictions = {"peers": {"fsdp2-offload": {"1": {"step_s": 4.0, "limiter": "cpu", "peak_gib": 10.0,
+                                                     "host_gib": 70.0, "fits": True}}}}
+    (tmp_path / "predictions.json").write_text(json.dumps(predictions))
+    (tmp_path / "peers").mkdir()
+    (tmp_path / "peers" / "results.jsonl").write_text(json.dumps(
+        {"system": "fsdp2-offload", "batch": 1, "status": "ok", "step_time_s": 5.0}) + "\n")
+    assert "| fsdp2-offload | 1 | 4.000 (cpu) | 5.000 | -20.0% |" in compare_folder(tmp_path)
