@@ -49,16 +49,17 @@ class _PeerBuilder:
                              cap=w.collective_cap(), latency=w.link_latency, group=group, **where)
 
     def _h2d(self, r: int, nbytes: float, deps: list[int], fetch: bool = False, op: str = "h2d_param",
-             **where) -> int:
-        """A host-to-GPU copy; a weight ``fetch`` also carries the CPU cast that feeds it where the system casts on
-        fetch (its DRAM bytes on the copy's, its rate as the copy's cap)."""
+             stream: str = "h2d", **where) -> int:
+        """A host-to-GPU copy on the H2D link, queued on ``stream`` (the fetches' own by default); a weight
+        ``fetch`` also carries the CPU cast that feeds it where the system casts on fetch (its DRAM bytes on the
+        copy's, its rate as the copy's cap)."""
         w, step = self.w, self.step
         usage = dma_usage(w.hw, r, "h2d")
         per_byte = step.fetch_host_per_byte() if fetch else 1.0
         usage["hostmem"] = per_byte
         if fetch and step.system.cast_on_fetch:  # the cast feeding the copy runs on every core
             usage[CORES] = 1.0 / step.fetch_cap()
-        return self.plan.add(op=op, rank=r, stream=f"h2d[{r}]", resource=f"h2d[{r}]", amount=nbytes, flops=0.0,
+        return self.plan.add(op=op, rank=r, stream=f"{stream}[{r}]", resource=f"h2d[{r}]", amount=nbytes, flops=0.0,
                              host_bytes=nbytes * per_byte, deps=deps, usage=usage,
                              cap=step.fetch_cap() if fetch else float("inf"), latency=w.pcie_latency, **where)
 
@@ -86,8 +87,8 @@ class _PeerBuilder:
             unit = self.w.units[u]
             for r in range(self.n):
                 self.fwd[(u, r)] = self.plan.add(op="fwd", rank=r, stream=f"gpu[{r}]", resource=f"gpu[{r}]", unit=u,
-                                                 chunk=-1, amount=unit.fwd_s, flops=unit.fwd_flops, host_bytes=0.0,
-                                                 deps=ready[r])
+                                                 chunk=-1, amount=self.step.forward_s(u), flops=unit.fwd_flops,
+                                                 host_bytes=0.0, deps=ready[r])
                 ckpt = self.step.checkpoint_bytes(u)
                 if ckpt > 0:
                     self.ckpt_out[(u, r)] = self.plan.add(
@@ -134,11 +135,12 @@ class _PeerBuilder:
             if sync_s > 0:  # the unit's GPU passes and host reads before its copy, on the offload's own chain
                 done[r] = self.plan.add(op=GRAD_SYNC_OP, rank=r, stream=f"d2h[{r}]", resource=f"gpu[{r}]", unit=u,
                                         chunk=-1, amount=sync_s, flops=0.0, host_bytes=0.0, deps=[done[r]])
-            if staged > 0:  # the partition to a pinned host buffer and straight back, before its fp32 copy
+            if staged > 0:  # the partition to a pinned host buffer and straight back, before its fp32 copy; the
+                # way back is queued behind the gradient chain (DeepSpeed's reduce stream), not behind the fetches
                 done[r] = self.plan.add(op="d2h_grad", rank=r, stream=f"d2h[{r}]", resource=f"d2h[{r}]", unit=u,
                                         chunk=-1, amount=staged, flops=0.0, host_bytes=staged, deps=[done[r]],
                                         usage=dma_usage(w.hw, r, "d2h"), latency=w.pcie_latency)
-                done[r] = self._h2d(r, staged, [done[r]], op="h2d_grad", unit=u, chunk=-1)
+                done[r] = self._h2d(r, staged, [done[r]], op="h2d_grad", stream="d2h", unit=u, chunk=-1)
             if d2h > 0:
                 deps = [done[r]]
                 if per_unit and buffers and (u + buffers, r) in self.unit_update:  # its host buffer is free again
