@@ -43,21 +43,6 @@ def unit_tensors(model: ModelSpec, kind: str) -> int:
     return 1
 
 
-# Modules a transformers decoder layer calls per forward: the layer, its attention, MLP and activation, two norms
-# and seven projections, plus q and k norms where the model has them. The embedding unit calls the embedding, the
-# model and its rotary embedding; the head unit the final norm and the wrapper that computes the loss.
-LAYER_MODULES = 13
-EMBED_MODULES = 3
-HEAD_MODULES = 2
-
-
-def module_calls(model: ModelSpec, kind: str) -> int:
-    """Module calls of one unit's forward (each of which runs a hooked system's hooks)."""
-    if kind == "layer":
-        return LAYER_MODULES + (2 if model.qk_norm else 0)
-    return EMBED_MODULES if kind == "embed" else HEAD_MODULES
-
-
 def gpu_memory_pass_seconds(gpu: GPUSpec, nbytes: float, kernels: float) -> float:
     """Memory-bound GPU passes moving ``nbytes`` through HBM in ``kernels`` launches, priced as the compute model
     prices its elementwise ops; a profile without compute curves has only its GPU AdamW rate to give a bandwidth."""
@@ -120,20 +105,11 @@ class PeerStep:
             return float("inf")
         return self.w.hw.host.cast_rate(self.w.adam_threads) * self.system.fetch_h2d_bytes
 
-    def forward_s(self, u: int) -> float:
-        """Seconds of unit ``u``'s forward: its GPU compute, or its module calls' host time where the system's hooks
-        are slower (PeerSystem.module_hooks)."""
-        unit, hooks = self.w.units[u], self.system.module_hooks
-        floor = hooks.forward_s * module_calls(self.w.model, unit.kind) if hooks else 0.0
-        return max(unit.fwd_s, floor)
-
     def backward_s(self, u: int) -> tuple[float, float]:
-        """Seconds and FLOPs of unit ``u``'s backward, with the extra forwards a decoder layer reruns, or its module
-        calls' host time where the system's hooks are slower."""
-        unit, hooks = self.w.units[u], self.system.module_hooks
+        """Seconds and FLOPs of unit ``u``'s backward, with the extra forwards a decoder layer reruns."""
+        unit = self.w.units[u]
         extra = self.system.backward_extra_forwards if unit.kind == "layer" else 0
-        floor = hooks.backward_s * module_calls(self.w.model, unit.kind) if hooks else 0.0
-        return max(unit.bwd_s + extra * unit.fwd_s, floor), unit.bwd_flops + extra * unit.fwd_flops
+        return unit.bwd_s + extra * unit.fwd_s, unit.bwd_flops + extra * unit.fwd_flops
 
     def checkpoint_bytes(self, u: int) -> float:
         """Bytes of unit ``u``'s checkpoint a rank copies to the host after forward (and back before backward)."""

@@ -133,24 +133,6 @@ SLIDEDP = "slidedp"  # SlideDP itself: the workload's own plan (slidedp.schedule
 
 
 @dataclass(frozen=True)
-class ModuleHookCost:
-    """Host seconds a system spends per module call of a transformers model, in forward and in backward (the
-    recompute's forward hooks, the backward hooks and the gradient hooks together), where its Python hooks, not
-    the GPU, set a pass's pace. A unit's pass lasts at least its module calls times this (PeerStep.forward_s)."""
-
-    forward_s: float
-    backward_s: float
-
-
-# DeepSpeed 0.19.8 ZeRO-3-Offload on one GPU runs four Python hooks per module call (fetch and release in forward
-# and backward), a patched F.linear and a gradient hook per parameter, and syncs its copy stream at each fetch it
-# waits for. Fitted (not read) from c42 (benchmarks/RESULTS.md, seventeenth session: Qwen3-4B, seq 4096, batch 2,
-# a lent H100 host, Xeon model 207): forward 0.403 s and backward 0.918 s over 546 module calls, where the GPU
-# compute predicted was 0.241 and 0.710 s. In-sample; held out on other models in call43.
-DEEPSPEED_ZERO3_HOOKS = ModuleHookCost(forward_s=0.403 / 545, backward_s=0.918 / 545)
-
-
-@dataclass(frozen=True)
 class PeerSystem:
     """What one peer system does per parameter. Every ``*_bytes`` field is an element size in bytes; 0 = never.
 
@@ -199,8 +181,6 @@ class PeerSystem:
     # Bytes per gradient element each rank copies D2H and straight back H2D before its ``grad_d2h_bytes`` copy
     # (ZeRO-3 stages every reduced bf16 partition in a pinned host buffer first); 0: no such round trip.
     grad_staging_bytes: int = 0
-    # The system's host cost per module call, where its hooks can set the pace (ModuleHookCost); None: never.
-    module_hooks: ModuleHookCost | None = None
     # The layer-streaming peers (SlideFormer, MegaTrain), each stated from its code (benchmarks/peer_sources.md):
     single_gpu: bool = False  # modelled on one GPU only (their multi-GPU modes reduce on the CPU, not modelled)
     backward_fetches: int = 1  # copies of each decoder layer in backward, where refetch_in_backward
@@ -271,8 +251,7 @@ SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
         gpu_weight_bytes=0, gpu_moment_bytes=0, gpu_grad_bytes=0, gpu_state_sharded=True, autocast_cache=False,
         # pinned bf16 parameters 2 + pinned bf16 gradient staging 2 + pinned fp32 gradients 4 + fp32 master 4 +
         # moments 8 (stage3.py's buffers)
-        host_state_bytes=20, grad_bucket_params=ZERO_BUCKET_PARAMS, grad_staging_bytes=2,
-        module_hooks=DEEPSPEED_ZERO3_HOOKS),
+        host_state_bytes=20, grad_bucket_params=ZERO_BUCKET_PARAMS, grad_staging_bytes=2),
     PeerSystem(
         name="fsdp2-offload", summary="PyTorch FSDP2 with CPUOffloadPolicy (torch CPU AdamW, fused)",
         fetch_h2d_bytes=4, gathered_bytes=2, refetch_in_backward=True,
