@@ -1,7 +1,7 @@
 # Device call for #14: ZeRO-3-Offload held out on three models it was not fitted to (c42 fitted its hooks' host
 # time per module call on Qwen3-4B batch 2). `slidedp calibrate --host-only` on this host first (inside the first
 # peer_validation), then each model's predictions.json is written before its runs.
-# Written before the call (2026-12-07 13:15 UTC, development machine, with c42's host profile; the call predicts
+# Written before the call (2026-12-07 12:55 UTC, development machine, with c42's host profile; the call predicts
 # again with its own host's rates): step s, hooks per module (adopted) | no hook floor:
 #   Qwen3-1.7B shape  b1 1.738 | 0.999   b2 1.762 | 1.179   b4 1.810 | 1.572
 #   Llama-3.2-3B shape b1 2.173 | 1.828  b2 2.199 | 1.897   b4 2.450 | 2.437

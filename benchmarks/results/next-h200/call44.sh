@@ -1,7 +1,7 @@
 # Device call for #14: is ZeRO-3-Offload's slow batch 1 (c42, c43: every model's batch 1, the first batch of its
 # process, slower than batch 2) a warm-up of the process, not of the batch? Qwen3-0.6B, batch 1, 2, then 1 again,
 # eight steps each (peer_compare's row keeps every step's time).
-# Predicted before (13:35 UTC): the first batch-1 row's steps fall towards the later batch-1 row's, which runs no
+# Predicted before (13:20 UTC): the first batch-1 row's steps fall towards the later batch-1 row's, which runs no
 # slower than batch 2 (a process warm-up); refuted if the second batch-1 row is as slow as the first.
 # Carry .whl. Run: bash benchmarks/results/next-h200/call44.sh
 source benchmarks/results/h200-2026-12-04/setup.sh
