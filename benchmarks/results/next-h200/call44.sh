@@ -6,6 +6,6 @@
 # Carry .whl. Run: bash benchmarks/results/next-h200/call44.sh
 source benchmarks/results/h200-2026-12-04/setup.sh
 export OUT
-timeout $(left 280) python3 -m benchmarks.peer_compare --systems deepspeed-zero3-offload --model qwen3-0.6b \
-  --seq 4096 --batches 1 2 1 --steps 8 --phases --timeout 250 --deadline 260 --out $OUT/c44 > $OUT/c44.log 2>&1
+timeout $(left 200) python3 -m benchmarks.peer_compare --systems deepspeed-zero3-offload --model qwen3-0.6b \
+  --seq 4096 --batches 1 2 1 --steps 8 --phases --timeout 180 --deadline 185 --out $OUT/c44 > $OUT/c44.log 2>&1
 echo "done at $(( $(date +%s) - T0 )) s" >> $OUT/c44.log
