@@ -84,6 +84,11 @@ ZERO_BUCKET_PARAMS = 200_000_000
 # over the state, so that "fits the host" is right for them.
 ZERO2_OFFLOAD_HOST_OVERHEAD = 14.5
 FSDP2_OFFLOAD_HOST_OVERHEAD = 3.2
+# DeepSpeed 0.19.8 ZeRO-3-Offload, the same way (seventeenth session, c42 on a lent H100 host: Qwen3-4B, RSS 115.0
+# GiB at batch 1-8 where its buffers are 20 B/param): 10.3 B/param beyond. Against c43's three smaller models
+# (measured before this was fitted, so not blind): +5% and +8% for the 1.7B and 3B shapes, -18% for Qwen3-0.6B
+# (DeepSpeed's fixed buffers are not per-parameter).
+ZERO3_OFFLOAD_HOST_OVERHEAD = 10.3
 
 
 @dataclass(frozen=True)
@@ -251,7 +256,8 @@ SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
         gpu_weight_bytes=0, gpu_moment_bytes=0, gpu_grad_bytes=0, gpu_state_sharded=True, autocast_cache=False,
         # pinned bf16 parameters 2 + pinned bf16 gradient staging 2 + pinned fp32 gradients 4 + fp32 master 4 +
         # moments 8 (stage3.py's buffers)
-        host_state_bytes=20, grad_bucket_params=ZERO_BUCKET_PARAMS, grad_staging_bytes=2),
+        host_state_bytes=20, grad_bucket_params=ZERO_BUCKET_PARAMS, grad_staging_bytes=2,
+        host_overhead_bytes=ZERO3_OFFLOAD_HOST_OVERHEAD),
     PeerSystem(
         name="fsdp2-offload", summary="PyTorch FSDP2 with CPUOffloadPolicy (torch CPU AdamW, fused)",
         fetch_h2d_bytes=4, gathered_bytes=2, refetch_in_backward=True,
