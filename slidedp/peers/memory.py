@@ -3,7 +3,7 @@
 Unlike SlideDP's model (slidedp.model.memory), which sums every buffer, a peer's peak is the larger of two
 moments, because its gradients and activations are never all alive at once: the end of forward (state, every
 layer's checkpoint, one layer's working set, the loss chunk, the gathered layers and, with autocast, the bf16
-copies of every fp32 weight it caches until forward ends) and the end of backward (state plus every gradient a
+copies of every fp32 weight it caches until forward ends, its residual stream and so its checkpoints in fp32) and the end of backward (state plus every gradient a
 GPU-resident system keeps, or the gradient buffers in flight to the host, plus the fp32 gradient of a tied
 embedding accumulated from the lookup and the head). Activations and the loss chunk are counted as for SlideDP
 (``activation_bytes``, ``loss_bytes``), since every peer recomputes per layer with the same chunked loss, except
@@ -92,6 +92,8 @@ def _activations(step: PeerStep) -> float:
     if s.checkpoint_interval > 1:  # one checkpoint per block, the recomputed inputs of one block, a working set
         blocks = -(-w.model.layers // s.checkpoint_interval)
         return (blocks + 1 + s.checkpoint_interval) * ckpt + working + scores
+    if s.autocast_cache:  # fp32 weights under autocast: the residual stream, so every layer's checkpoint, is fp32
+        return activation_bytes(w) + scores + (w.model.layers + 1) * ckpt  # fp32: twice the bf16 count
     return activation_bytes(w) + scores
 
 

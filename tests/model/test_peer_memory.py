@@ -49,12 +49,15 @@ def test_bytes_per_parameter_are_the_documented_ones(name, gpus):
     assert mem.gpu_peak == pytest.approx(mem.gpu_state + max(mem.gpu_forward, mem.gpu_backward) + mem.gpu_reserve)
 
 
-def test_autocast_keeps_a_bf16_copy_of_every_fp32_weight_until_forward_ends():
+def test_autocast_keeps_a_bf16_copy_of_every_fp32_weight_and_fp32_checkpoints_until_forward_ends():
+    """fp32 weights under autocast (DDP): a bf16 copy of every weight cached until forward ends, and an fp32
+    residual stream, so every layer's checkpoint twice FSDP2's bf16 one (FSDP2 computes in bf16 parameters)."""
     model = tiny_model(layers=6)
     ddp = _mem("ddp-resident", model, free_machine(1), 512, 1)[1]
     fsdp = _mem("fsdp2-resident", model, free_machine(1), 512, 1)[1]
     gathered = PEER_WINDOW * max(u.params for u in peer_workload(model, free_machine(1), 512, 1).units) * 2
-    assert ddp.gpu_forward - fsdp.gpu_forward == pytest.approx(2 * model.total_params - gathered)
+    fp32_checkpoints = (model.layers + 1) * model.checkpoint_bytes_per_token() * 512
+    assert ddp.gpu_forward - fsdp.gpu_forward == pytest.approx(2 * model.total_params - gathered + fp32_checkpoints)
 
 
 def test_gpu_peak_grows_with_batch_and_sharding_divides_resident_state():
