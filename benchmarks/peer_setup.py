@@ -161,9 +161,9 @@ class PhaseClock:
             self.steps[-1][phase] = now - self._t
             self._t = now
 
-    def medians(self) -> dict[str, float]:
-        """Each phase's median over the steps after the first (warm-up)."""
-        timed = self.steps[1:] or self.steps
+    def medians(self, warmup: int = 1) -> dict[str, float]:
+        """Each phase's median over the steps after the ``warmup`` first (or the last, with too few steps)."""
+        timed = self.steps[warmup:] or self.steps[-1:]
         return {k: statistics.median(s[k] for s in timed if k in s) for k in (timed[0] if timed else {})}
 
     def _sync(self) -> None:
@@ -173,10 +173,16 @@ class PhaseClock:
             torch.cuda.synchronize()
 
 
+def steady_step(times: list[float], warmup: int = 1) -> float:
+    """The median step after the ``warmup`` first ones (with too few steps, the last one)."""
+    return statistics.median(times[warmup:]) if len(times) > warmup else times[-1]
+
+
 def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, extra: dict | None = None,
-                 clock: PhaseClock | None = None) -> None:
+                 clock: PhaseClock | None = None, warmup: int = 1) -> None:
     """Run ``args.steps`` steps per global batch through ``step_fn(input_ids, labels)``, each rank on its
-    ``batch / world`` sequences; rank 0 emits one row per batch (host memory summed over the ranks)."""
+    ``batch / world`` sequences; rank 0 emits one row per batch (host memory summed over the ranks), its step time
+    the median after ``warmup`` steps of each batch (DeepSpeed ZeRO-3 needs two in a process's first batch)."""
     import torch
 
     from benchmarks.common import synthetic_tokens
@@ -219,15 +225,16 @@ def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, ext
             for later in args.batches[i + 1:]:
                 emit({**row, "batch": later, "tokens_per_step": later * seq, "status": "skipped (oom at smaller)"})
             return
-        step = statistics.median(times[1:]) if len(times) > 1 else times[0]
+        step = steady_step(times, warmup)
         rss, rss_peak = ranks.total(rss_gib()), ranks.total(rss_gib("VmHWM"))
-        row.update(status="ok", step_times_s=times, step_time_s=step, tokens_per_s=batch * seq / step,
+        row.update(status="ok", step_times_s=times, warmup_steps=warmup, step_time_s=step,
+                   tokens_per_s=batch * seq / step,
                    model_tflops=spec.train_flops_per_token(seq) * batch * seq / step / 1e12,
                    gpu_peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan"),
                    gpu_reserved_gib=torch.cuda.max_memory_reserved() / 2**30 if cuda else float("nan"),
                    host_rss_gib=rss, host_rss_peak_gib=rss_peak, final_loss=float(loss))
         if clock is not None and clock.steps:
-            row["phase_s"] = clock.medians()
+            row["phase_s"] = clock.medians(warmup)
         if ranks.rank == 0:
             emit(row)
 

@@ -1,17 +1,17 @@
 """GPU peak and host bytes of a peer system's step, from the same per-parameter factors its plan moves.
 
-Unlike SlideDP's model (slidedp.model.memory), which sums every buffer, a peer's peak is the larger of two
-moments, because its gradients and activations are never all alive at once: the end of forward (state, every
-layer's checkpoint, one layer's working set, the loss chunk, the gathered layers and, with autocast, the bf16
-copies of every fp32 weight it caches until forward ends, its residual stream and so its checkpoints in fp32) and the end of backward (state plus every gradient a
-GPU-resident system keeps, or the gradient buffers in flight to the host, plus the fp32 gradient of a tied
-embedding accumulated from the lookup and the head). Activations and the loss chunk are counted as for SlideDP
-(``activation_bytes``, ``loss_bytes``), since every peer recomputes per layer with the same chunked loss, except
-where a system's spec says otherwise: checkpoints kept on the host (SlideFormer: the prefetch window's on the GPU),
-checkpoints every ``checkpoint_interval`` layers with that many recomputed inputs cached (MegaTrain), a loss that
-keeps every chunk's bf16 log-probabilities until backward (MegaTrain), preallocated layer buffers sized for the
-largest streamed unit (``gpu_buffer_bytes``), root units resident on the GPU in bf16 (MegaTrain) and host bytes
-that grow with the batch (pinned checkpoints).
+Unlike SlideDP's model (slidedp.model.memory), which sums every buffer, a peer's peak is the larger of two moments,
+because its gradients and activations are never all alive at once: the end of forward (state, every layer's
+checkpoint, one layer's working set, the loss chunk, the gathered layers and, with autocast, the bf16 copies of
+every fp32 weight it caches until forward ends, its residual stream and so its checkpoints in fp32) and the end of
+backward (state plus every gradient a GPU-resident system keeps, or the gradient buffers in flight to the host,
+plus the fp32 gradient of a tied embedding accumulated from the lookup and the head). Activations and the loss
+chunk are counted as for SlideDP (``activation_bytes``, ``loss_bytes``), since every peer recomputes per layer with
+the same chunked loss, except where a system's spec says otherwise: checkpoints kept on the host (SlideFormer: the
+prefetch window's on the GPU), checkpoints every ``checkpoint_interval`` layers with that many recomputed inputs
+cached (MegaTrain), a loss that keeps every chunk's bf16 log-probabilities until backward (MegaTrain), preallocated
+layer buffers sized for the largest streamed unit (``gpu_buffer_bytes``), root units resident on the GPU in bf16
+(MegaTrain) and host bytes that grow with the batch (pinned checkpoints).
 """
 
 from __future__ import annotations

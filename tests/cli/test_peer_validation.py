@@ -82,3 +82,17 @@ def test_comparison_reads_the_peers_rows_a_stopped_call_left_in_its_peers_folder
     (tmp_path / "peers" / "results.jsonl").write_text(json.dumps(
         {"system": "fsdp2-offload", "batch": 1, "status": "ok", "step_time_s": 5.0}) + "\n")
     assert "| fsdp2-offload | 1 | 4.000 (cpu) | 5.000 | -20.0% |" in compare_folder(tmp_path)
+
+
+def test_steady_step_skips_the_warm_up_steps():
+    from benchmarks.peer_setup import PhaseClock, steady_step
+
+    times = [3.435, 4.156, 0.845, 0.868, 0.907]  # c44: ZeRO-3's first batch of a process
+    assert steady_step(times, 1) == pytest.approx((0.868 + 0.907) / 2)  # the second step still in it
+    assert steady_step(times, 2) == 0.868
+    assert steady_step([1.0, 2.0], 2) == 2.0  # too few steps: the last
+    clock = PhaseClock(on=True, cuda=False)
+    for forward in (3.0, 2.0, 0.2, 0.3, 0.25):
+        clock.steps.append({"forward": forward})
+    assert clock.medians(2) == {"forward": 0.25}
+    assert clock.medians(9) == {"forward": 0.25}
