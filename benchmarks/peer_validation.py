@@ -87,13 +87,15 @@ def main() -> int:
     parser.add_argument("--compare", metavar="DIR", help="only rebuild DIR/comparison.md from its files (no GPU)")
     args = parser.parse_args()
     if args.compare:
+        if not (Path(args.compare) / "predictions.json").is_file():
+            parser.error(f"{args.compare} has no predictions.json: give a folder this script wrote")
         text = compare_folder(Path(args.compare))
         (Path(args.compare) / "comparison.md").write_text(text)
         print(text, end="")
         return 0
-    require_cuda("benchmarks.peer_validation")
     if not args.out:
         parser.error("--out is required")
+    require_cuda("benchmarks.peer_validation")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -121,6 +123,8 @@ def main() -> int:
            "--timeout", str(args.timeout or args.deadline / 2 + 30), "--deadline", str(args.deadline),
            "--out", str(peers_dir)] + (["--phases"] if args.phases else [])
     subprocess.run(cmd, check=False)
+    if not (peers_dir / "results.jsonl").is_file():
+        raise SystemExit(f"benchmarks.peer_compare wrote no rows into {peers_dir}; its output above says why")
     shutil.copy(peers_dir / "results.jsonl", out / "results.jsonl")
     (out / "comparison.md").write_text(comparison(predictions, measured_contention, out / "results.jsonl"))
     log((out / "comparison.md").read_text())
