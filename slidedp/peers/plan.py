@@ -87,8 +87,8 @@ class _PeerBuilder:
             unit = self.w.units[u]
             for r in range(self.n):
                 self.fwd[(u, r)] = self.plan.add(op="fwd", rank=r, stream=f"gpu[{r}]", resource=f"gpu[{r}]", unit=u,
-                                                 chunk=-1, amount=unit.fwd_s, flops=unit.fwd_flops, host_bytes=0.0,
-                                                 deps=ready[r])
+                                                 chunk=-1, amount=self.step.forward_s(u), flops=unit.fwd_flops,
+                                                 host_bytes=0.0, deps=ready[r])
                 ckpt = self.step.checkpoint_bytes(u)
                 if ckpt > 0:
                     self.ckpt_out[(u, r)] = self.plan.add(

@@ -105,11 +105,23 @@ class PeerStep:
             return float("inf")
         return self.w.hw.host.cast_rate(self.w.adam_threads) * self.system.fetch_h2d_bytes
 
+    def forward_s(self, u: int) -> float:
+        """Seconds of unit ``u``'s forward: its compute, or a decoder layer's host floor where the system has one
+        and it is longer (PeerSystem.layer_host_floor)."""
+        unit, floor = self.w.units[u], self.system.layer_host_floor
+        if floor is None or unit.kind != "layer":
+            return unit.fwd_s
+        return max(unit.fwd_s, floor.forward(unit.params))
+
     def backward_s(self, u: int) -> tuple[float, float]:
-        """Seconds and FLOPs of unit ``u``'s backward, with the extra forwards a decoder layer reruns."""
-        unit = self.w.units[u]
+        """Seconds and FLOPs of unit ``u``'s backward, with the extra forwards a decoder layer reruns, or a decoder
+        layer's host floor where the system has one and it is longer."""
+        unit, floor = self.w.units[u], self.system.layer_host_floor
         extra = self.system.backward_extra_forwards if unit.kind == "layer" else 0
-        return unit.bwd_s + extra * unit.fwd_s, unit.bwd_flops + extra * unit.fwd_flops
+        seconds = unit.bwd_s + extra * unit.fwd_s
+        if floor is not None and unit.kind == "layer":
+            seconds = max(seconds, floor.backward(unit.params))
+        return seconds, unit.bwd_flops + extra * unit.fwd_flops
 
     def checkpoint_bytes(self, u: int) -> float:
         """Bytes of unit ``u``'s checkpoint a rank copies to the host after forward (and back before backward)."""

@@ -138,6 +138,34 @@ SLIDEDP = "slidedp"  # SlideDP itself: the workload's own plan (slidedp.schedule
 
 
 @dataclass(frozen=True)
+class LayerHostFloor:
+    """The least host time a decoder layer's forward and backward take where a system's Python hooks and copy
+    syncs, not the GPU, set the pace: a fixed cost per layer plus a cost per parameter (the layer's weight fetch,
+    and in backward its gradient copies, waited for by the host). A pass lasts the longer of this and its compute.
+    """
+
+    forward_s: float
+    forward_s_per_param: float
+    backward_s: float
+    backward_s_per_param: float
+
+    def forward(self, params: float) -> float:
+        return self.forward_s + self.forward_s_per_param * params
+
+    def backward(self, params: float) -> float:
+        return self.backward_s + self.backward_s_per_param * params
+
+
+# DeepSpeed 0.19.8 ZeRO-3-Offload on one GPU (four Python hooks per module call, a patched F.linear, a gradient hook
+# per parameter, a copy-stream sync at each fetch it waits for). Fitted (least squares) on the steady forward and
+# backward phases of four models at batch 2 on lent H100 hosts, Xeon model 207 (benchmarks/RESULTS.md, seventeenth
+# session, c42-c44: Qwen3-0.6B, the Qwen3-1.7B and Llama-3.2-3B shapes, Qwen3-4B; within 3.5% forward, 7.6%
+# backward). In-sample: not yet held out. A floor per module call, fitted on Qwen3-4B alone, was refuted (c43).
+DEEPSPEED_ZERO3_LAYER_FLOOR = LayerHostFloor(forward_s=6.28e-3, forward_s_per_param=0.0517e-9,
+                                             backward_s=11.3e-3, backward_s_per_param=0.1437e-9)
+
+
+@dataclass(frozen=True)
 class PeerSystem:
     """What one peer system does per parameter. Every ``*_bytes`` field is an element size in bytes; 0 = never.
 
@@ -186,6 +214,8 @@ class PeerSystem:
     # Bytes per gradient element each rank copies D2H and straight back H2D before its ``grad_d2h_bytes`` copy
     # (ZeRO-3 stages every reduced bf16 partition in a pinned host buffer first); 0: no such round trip.
     grad_staging_bytes: int = 0
+    # The least host time of a decoder layer's passes (LayerHostFloor); None: the GPU sets their pace.
+    layer_host_floor: LayerHostFloor | None = None
     # The layer-streaming peers (SlideFormer, MegaTrain), each stated from its code (benchmarks/peer_sources.md):
     single_gpu: bool = False  # modelled on one GPU only (their multi-GPU modes reduce on the CPU, not modelled)
     backward_fetches: int = 1  # copies of each decoder layer in backward, where refetch_in_backward
@@ -257,7 +287,7 @@ SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
         # pinned bf16 parameters 2 + pinned bf16 gradient staging 2 + pinned fp32 gradients 4 + fp32 master 4 +
         # moments 8 (stage3.py's buffers)
         host_state_bytes=20, grad_bucket_params=ZERO_BUCKET_PARAMS, grad_staging_bytes=2,
-        host_overhead_bytes=ZERO3_OFFLOAD_HOST_OVERHEAD),
+        host_overhead_bytes=ZERO3_OFFLOAD_HOST_OVERHEAD, layer_host_floor=DEEPSPEED_ZERO3_LAYER_FLOOR),
     PeerSystem(
         name="fsdp2-offload", summary="PyTorch FSDP2 with CPUOffloadPolicy (torch CPU AdamW, fused)",
         fetch_h2d_bytes=4, gathered_bytes=2, refetch_in_backward=True,
