@@ -21,7 +21,8 @@ What each spec encodes (``benchmarks/peer_systems.py`` is what was measured):
   backward the CPU unscales the fp32 gradients (the clip), DeepSpeedCPUAdam steps, and the new fp32 master is cast
   into the pinned bf16 copy the next fetch reads (no copy to the GPU). Read in DeepSpeed 0.19.8's
   runtime/zero/stage3.py (partition_grads, _optimizer_step, _reassign_or_swap_out_partitioned_parameters) and
-  partition_parameters.py (the world-size-1 fetch is a non-blocking host copy per parameter).
+  partition_parameters.py (the world-size-1 fetch is a non-blocking host copy per parameter). Its Python hooks and
+  copy-stream syncs make each decoder layer's pass last at least a host floor (``layer_host_floor``, measured).
 - ``fsdp2-offload``: FSDP2 ``fully_shard`` per layer with ``CPUOffloadPolicy``: fp32 shards on the host, copied to
   the GPU (fp32) and all-gathered in bf16 before each layer's forward and backward (the root's embedding and head
   stay gathered from forward to backward), fp32 gradients reduce-scattered and copied to the host; after backward
