@@ -63,6 +63,13 @@ class _PeerBuilder:
                              host_bytes=nbytes * per_byte, deps=deps, usage=usage,
                              cap=step.fetch_cap() if fetch else float("inf"), latency=w.pcie_latency, **where)
 
+    def _d2h(self, r: int, nbytes: float, deps: list[int], op: str, **where) -> int:
+        """A GPU-to-host copy on the D2H link, queued on the rank's d2h stream."""
+        w = self.w
+        return self.plan.add(op=op, rank=r, stream=f"d2h[{r}]", resource=f"d2h[{r}]", amount=nbytes, flops=0.0,
+                             host_bytes=nbytes, deps=deps, usage=dma_usage(w.hw, r, "d2h"), latency=w.pcie_latency,
+                             **where)
+
     def fetch(self, u: int, window_dep, backward: bool = False) -> dict[int, list[int]]:
         """Copy each rank's shard of unit ``u`` from the host and/or all-gather it; the ops compute waits on."""
         step = self.step
@@ -91,10 +98,7 @@ class _PeerBuilder:
                                                  host_bytes=0.0, deps=ready[r])
                 ckpt = self.step.checkpoint_bytes(u)
                 if ckpt > 0:
-                    self.ckpt_out[(u, r)] = self.plan.add(
-                        op="d2h_ckpt", rank=r, stream=f"d2h[{r}]", resource=f"d2h[{r}]", unit=u, chunk=-1,
-                        amount=ckpt, flops=0.0, host_bytes=ckpt, deps=[self.fwd[(u, r)]],
-                        usage=dma_usage(self.w.hw, r, "d2h"), latency=self.w.pcie_latency)
+                    self.ckpt_out[(u, r)] = self._d2h(r, ckpt, [self.fwd[(u, r)]], "d2h_ckpt", unit=u, chunk=-1)
 
     def backward(self) -> None:
         step = self.step
@@ -119,7 +123,7 @@ class _PeerBuilder:
             self.gradient_out(u)
 
     def gradient_out(self, u: int) -> None:
-        step, w = self.step, self.w
+        step = self.step
         done = {r: self.bwd[(u, r)] for r in range(self.n)}
         nbytes = step.grad_collective_bytes(u)
         if nbytes > 0:
@@ -137,17 +141,13 @@ class _PeerBuilder:
                                         chunk=-1, amount=sync_s, flops=0.0, host_bytes=0.0, deps=[done[r]])
             if staged > 0:  # the partition to a pinned host buffer and straight back, before its fp32 copy; the
                 # way back is queued behind the gradient chain (DeepSpeed's reduce stream), not behind the fetches
-                done[r] = self.plan.add(op="d2h_grad", rank=r, stream=f"d2h[{r}]", resource=f"d2h[{r}]", unit=u,
-                                        chunk=-1, amount=staged, flops=0.0, host_bytes=staged, deps=[done[r]],
-                                        usage=dma_usage(w.hw, r, "d2h"), latency=w.pcie_latency)
+                done[r] = self._d2h(r, staged, [done[r]], "d2h_grad", unit=u, chunk=-1)
                 done[r] = self._h2d(r, staged, [done[r]], op="h2d_grad", stream="d2h", unit=u, chunk=-1)
             if d2h > 0:
                 deps = [done[r]]
                 if per_unit and buffers and (u + buffers, r) in self.unit_update:  # its host buffer is free again
                     deps.append(self.unit_update[(u + buffers, r)])
-                done[r] = self.plan.add(op="d2h_grad", rank=r, stream=f"d2h[{r}]", resource=f"d2h[{r}]", unit=u,
-                                        chunk=-1, amount=d2h, flops=0.0, host_bytes=d2h,
-                                        deps=deps, usage=dma_usage(w.hw, r, "d2h"), latency=w.pcie_latency)
+                done[r] = self._d2h(r, d2h, deps, "d2h_grad", unit=u, chunk=-1)
             self.grad_done[(u, r)] = done[r]
             if per_unit:
                 nbytes = step.unit_adam_bytes(u)
