@@ -180,7 +180,8 @@ def comparison(predictions: dict, contention_measured: dict, results: Path) -> s
                      f"{within} of {len(errs)} within 10%")
     lines += ["", "| system | first batch out of GPU memory, predicted | measured |", "|---|---|---|"]
     for system in oom_meas:
-        lines.append(f"| {system} | {first_oom(oom_pred.get(system, {0: False}))} | {first_oom(oom_meas[system])} |")
+        predicted = first_oom(oom_pred[system]) if system in oom_pred else "- (not predicted)"
+        lines.append(f"| {system} | {predicted} | {first_oom(oom_meas[system])} |")
     if predictions.get("contention"):
         lines += ["", "| contention experiment | predicted | measured | error |", "|---|---|---|---|"]
         for key, p in predictions["contention"].items():
