@@ -1,0 +1,125 @@
+"""The smallest GPU that holds a GPU-resident training step: the allocator's fragmentation under pressure.
+
+    python -m benchmarks.gpu_fit_probe --out DIR [--model qwen3-4b] [--seq 4096] [--batches 1 2 4 8] [--steps 2]
+
+Why: ``torch.cuda.max_memory_allocated`` (what the peers' memory model predicts) is not what must fit on the card.
+Qwen3-4B at batch 8 allocates 74.2 GiB at its peak (H200) and still ran out of an H100's 79.2 GiB (c42, 2026-12-07):
+the caching allocator's free blocks inside segments it cannot release are the difference. Unconstrained, its
+reserved peak says little (it keeps whatever it cached, 8-27 GiB above the allocated peak); under pressure it frees
+what it can and retries. So, per batch, this probe bisects ``torch.cuda.set_per_process_memory_fraction`` for the
+smallest cap under which ``--steps`` steps run from an emptied cache (the persistent state, weights, gradients and
+AdamW moments, allocated first as in a fresh run) and reports it beside the allocated peak: ``needed - allocated``
+is the fragmentation a card must hold on top of what the memory model counts.
+
+Runs the peers' GPU-resident system (benchmarks.peer_systems.run_resident: fp32 weights, bf16 autocast, the chunked
+loss, fused AdamW, clip). One row per batch in DIR/fit_probe.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.common import append_jsonl, log, require_cuda, synthetic_tokens
+from benchmarks.peer_setup import BETAS, CLIP, EPS, LR, build_lm, materialise_, wrap_with_loss
+
+GIB = 2**30
+
+
+def smallest_cap(try_cap, low: float, high: float, resolution: float) -> tuple[float | None, int]:
+    """The smallest cap in (low, high] for which ``try_cap(cap)`` is True, to ``resolution``, assuming it is
+    monotone; None when even ``high`` fails. Returns it with the number of trials."""
+    trials = 1
+    if not try_cap(high):
+        return None, trials
+    while high - low > resolution:
+        mid = (low + high) / 2
+        trials += 1
+        if try_cap(mid):
+            high = mid
+        else:
+            low = mid
+    return high, trials
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--model", default="qwen3-4b")
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--steps", type=int, default=2, help="steps per trial (the second runs on the first's cache)")
+    p.add_argument("--resolution", type=float, default=0.25, help="GiB to which the cap is bisected")
+    p.add_argument("--deadline", type=float, default=300, help="seconds for the whole probe at most")
+    args = p.parse_args(argv)
+    require_cuda("gpu_fit_probe")
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    total = torch.cuda.get_device_properties(0).total_memory
+    cfg, lm = build_lm(args.model, "cuda")
+    module = wrap_with_loss(lm)
+    module.to_empty(device="cuda")
+    materialise_(module, cfg, "cuda")
+    opt = torch.optim.AdamW(module.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0, fused=True)
+
+    def step(x, y) -> None:
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            loss = module(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    # The moments exist from the first step on: allocate them unconstrained, as in a run's first step.
+    tokens = synthetic_tokens(cfg.vocab_size, 1, args.seq).cuda()
+    step(tokens[:, :-1], tokens[:, 1:])
+    torch.cuda.synchronize()
+    persistent = torch.cuda.memory_allocated()
+    context = torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0] - torch.cuda.memory_reserved()
+    for batch in args.batches:
+        if time.monotonic() - t_start > args.deadline:
+            append_jsonl(out / "fit_probe.jsonl", {"model": args.model, "batch": batch, "status": "not started"})
+            continue
+        tokens = synthetic_tokens(cfg.vocab_size, batch, args.seq).cuda()
+        x, y = tokens[:, :-1], tokens[:, 1:]
+
+        def fits(cap_bytes: float, x=x, y=y) -> bool:
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total))
+            torch.cuda.reset_peak_memory_stats()
+            try:
+                for _ in range(args.steps):
+                    step(x, y)
+                torch.cuda.synchronize()
+                return True
+            except torch.OutOfMemoryError:
+                return False
+
+        # Unconstrained first: the allocated peak (the bisection's lower bound) and the reserved peak.
+        free_run = fits(total)
+        allocated = torch.cuda.max_memory_allocated()
+        reserved = torch.cuda.max_memory_reserved()
+        row = {"model": args.model, "seq": args.seq, "batch": batch, "card_gib": total / GIB,
+               "persistent_gib": persistent / GIB, "context_gib": context / GIB}
+        if not free_run:
+            row.update(status="oom", note="out of memory with the whole card")
+        else:
+            needed, trials = smallest_cap(fits, allocated, total, args.resolution * GIB)
+            row.update(status="ok", allocated_peak_gib=allocated / GIB, reserved_peak_gib=reserved / GIB,
+                       needed_gib=needed / GIB, fragmentation_gib=(needed - allocated) / GIB,
+                       transient_gib=(allocated - persistent) / GIB, trials=trials)
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        log(json.dumps(row))
+        append_jsonl(out / "fit_probe.jsonl", row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
