@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,6 +48,26 @@ def synthetic_tokens(vocab: int, batch: int, seq: int):
     import torch
 
     return torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(batch * 7919 + seq))
+
+
+# What torch's CUDA out-of-memory message says, in GiB: the request, the card, what the process had in use,
+# and how much of that PyTorch had allocated and held reserved but unallocated (fragmentation, at that moment).
+_OOM_FIELDS = {"request_gib": r"Tried to allocate ([\d.]+) ([KMG]iB)",
+               "capacity_gib": r"total capacity of ([\d.]+) ([KMG]iB)",
+               "in_use_gib": r"this process has ([\d.]+) ([KMG]iB) memory in use",
+               "allocated_gib": r"([\d.]+) ([KMG]iB) is allocated by PyTorch",
+               "reserved_unallocated_gib": r"([\d.]+) ([KMG]iB) is reserved by PyTorch but unallocated"}
+_UNIT_GIB = {"KiB": 2**-20, "MiB": 2**-10, "GiB": 1.0}
+
+
+def oom_fields(message: str) -> dict[str, float]:
+    """The figures of a CUDA out-of-memory message (those it states), so a row keeps them beyond its first line."""
+    found = {}
+    for key, pattern in _OOM_FIELDS.items():
+        m = re.search(pattern, message)
+        if m:
+            found[key] = round(float(m.group(1)) * _UNIT_GIB[m.group(2)], 3)
+    return found
 
 
 def rss_gib(field: str = "VmRSS") -> float:

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import append_jsonl, log, require_cuda, synthetic_tokens
+from benchmarks.common import append_jsonl, log, oom_fields, require_cuda, synthetic_tokens
 from benchmarks.peer_setup import BETAS, CLIP, EPS, LR, build_lm, materialise_, wrap_with_loss
 
 GIB = 2**30
@@ -89,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         tokens = synthetic_tokens(cfg.vocab_size, batch, args.seq).cuda()
         x, y = tokens[:, :-1], tokens[:, 1:]
 
-        def fits(cap_bytes: float, x=x, y=y) -> bool:
+        last_oom: dict[str, float] = {}
+
+        def fits(cap_bytes: float, x=x, y=y, last_oom=last_oom) -> bool:
             opt.zero_grad(set_to_none=True)
             torch.cuda.empty_cache()
             torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total))
@@ -99,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                     step(x, y)
                 torch.cuda.synchronize()
                 return True
-            except torch.OutOfMemoryError:
+            except torch.OutOfMemoryError as exc:
+                last_oom.clear()
+                last_oom.update(oom_fields(str(exc)))
                 return False
 
         # Unconstrained first: the allocated peak (the bisection's lower bound) and the reserved peak.
@@ -109,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         row = {"model": args.model, "seq": args.seq, "batch": batch, "card_gib": total / GIB,
                "persistent_gib": persistent / GIB, "context_gib": context / GIB}
         if not free_run:
-            row.update(status="oom", note="out of memory with the whole card")
+            row.update(status="oom", note="out of memory with the whole card", **last_oom)
         else:
             needed, trials = smallest_cap(fits, allocated, total, args.resolution * GIB)
             row.update(status="ok", allocated_peak_gib=allocated / GIB, reserved_peak_gib=reserved / GIB,

@@ -10,7 +10,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from benchmarks.common import log, rss_gib
+from benchmarks.common import log, oom_fields, rss_gib
 
 LOSS_CHUNK_TOKENS = 4096
 LR, BETAS, EPS, CLIP = 1e-5, (0.9, 0.95), 1e-8, 1.0
@@ -218,7 +218,7 @@ def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, ext
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
         except torch.OutOfMemoryError as exc:
-            row.update(status="oom", error=str(exc).splitlines()[0][:200], rank=ranks.rank)
+            row.update(status="oom", error=str(exc).splitlines()[0][:200], rank=ranks.rank, **oom_fields(str(exc)))
             emit(row)
             if ranks.world > 1:  # the other ranks wait in a collective: end the group (torchrun stops them)
                 raise SystemExit(1) from None
