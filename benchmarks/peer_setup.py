@@ -119,8 +119,17 @@ def wrap_with_loss(lm):
 def materialise_(module, cfg, device: str, seed: int = 0) -> None:
     """Random init in place as transformers does (normal(0, initializer_range) for matrices, ones for norms),
     drawn on ``device`` in fp32 and copied into each parameter's (possibly sharded, possibly CPU) storage;
-    the rotary embedding is rebuilt on ``device`` (to_empty leaves its buffer uninitialised)."""
+    the rotary embedding is rebuilt on ``device`` (to_empty leaves its buffer uninitialised).
+
+    A tied head is tied again first: ``Module.to_empty`` gives the embedding and the head a tensor each (FSDP2's
+    sharded module keeps them one), so until 2026-12-07 the single-GPU resident system and DeepSpeed trained
+    Qwen3-4B, Qwen3-1.7B and Llama-3.2-3B with an untied head, 0.2-0.4 B parameters more than the model."""
     import torch
+
+    inner = module.lm if hasattr(module, "lm") else module
+    if getattr(cfg, "tie_word_embeddings", False) \
+            and inner.lm_head.weight is not inner.model.embed_tokens.weight:
+        inner.lm_head.weight = inner.model.embed_tokens.weight
 
     gen = torch.Generator(device=device).manual_seed(seed)
     std = float(getattr(cfg, "initializer_range", 0.02))
@@ -134,7 +143,6 @@ def materialise_(module, cfg, device: str, seed: int = 0) -> None:
             else:
                 src = torch.empty(local.shape, dtype=torch.float32, device=device).normal_(0.0, std, generator=gen)
                 local.copy_(src)
-    inner = module.lm if hasattr(module, "lm") else module
     inner.model.rotary_emb = type(inner.model.rotary_emb)(config=cfg).to(device)
 
 
