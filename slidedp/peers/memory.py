@@ -3,7 +3,7 @@
 Unlike SlideDP's model (slidedp.model.memory), which sums every buffer, a peer's peak is the larger of two moments,
 because its gradients and activations are never all alive at once: the end of forward (state, every layer's
 checkpoint, one layer's working set, the loss chunk, the gathered layers and, with autocast, the bf16 copies of
-every fp32 weight it caches until forward ends, its residual stream and so its checkpoints in fp32) and the end of
+every fp32 weight it caches until forward ends) and the end of
 backward (state plus every gradient a GPU-resident system keeps, or the gradient buffers in flight to the host,
 plus the fp32 gradient of a tied embedding accumulated from the lookup and the head). Activations and the loss
 chunk are counted as for SlideDP (``activation_bytes``, ``loss_bytes``), since every peer recomputes per layer with
@@ -25,7 +25,8 @@ from slidedp.peers.step import PEER_WINDOW, ROOT_KINDS, PeerStep
 
 @dataclass(frozen=True)
 class PeerMemory:
-    """Bytes per GPU (state all step, extra at the end of forward and of backward, reserve) and host bytes."""
+    """Bytes per GPU (state all step, extra at the end of forward and of backward, the allocator's fragmentation,
+    reserve) and host bytes."""
 
     gpu_state: float
     gpu_forward: float
@@ -37,13 +38,24 @@ class PeerMemory:
     host_buffers: float = 0.0  # host bytes that depend on the batch or the largest unit (pinned checkpoints, staging)
 
     @property
+    def gpu_transient(self) -> float:
+        """Bytes allocated and freed again within each step: the larger of the two moments beyond the state."""
+        return max(self.gpu_forward, self.gpu_backward)
+
+    @property
+    def gpu_fragmentation(self) -> float:
+        """What the caching allocator needs beyond the allocated peak to run the step (ALLOCATOR_FRAGMENTATION)."""
+        return ALLOCATOR_FRAGMENTATION * self.gpu_transient
+
+    @property
     def gpu_peak(self) -> float:
-        return self.gpu_state + max(self.gpu_forward, self.gpu_backward) + self.gpu_reserve
+        """What the card must hold: the allocated peak, the allocator's fragmentation and the reserve."""
+        return self.gpu_allocated_peak + self.gpu_fragmentation + self.gpu_reserve
 
     @property
     def gpu_allocated_peak(self) -> float:
-        """What torch.cuda.max_memory_allocated reports: the peak without the context and allocator reserve."""
-        return self.gpu_peak - self.gpu_reserve
+        """What torch.cuda.max_memory_allocated reports: the state and the larger transient moment."""
+        return self.gpu_state + self.gpu_transient
 
     @property
     def host_total(self) -> float:
@@ -65,12 +77,22 @@ class PeerMemory:
         if self.gpu_peak > gpu_budget:
             problems.append(f"GPU peak {gib_text(self.gpu_peak)} GiB exceeds the budget of {gib_text(gpu_budget)} GiB "
                             f"(state {self.gpu_state / GIB:.1f}, end of forward +{self.gpu_forward / GIB:.1f}, "
-                            f"end of backward +{self.gpu_backward / GIB:.1f}, reserve {self.gpu_reserve / GIB:.1f})")
+                            f"end of backward +{self.gpu_backward / GIB:.1f}, allocator fragmentation "
+                            f"+{self.gpu_fragmentation / GIB:.1f}, reserve {self.gpu_reserve / GIB:.1f})")
         if self.host_total > host_budget:
             problems.append(f"host memory {gib_text(self.host_total)} GiB exceeds the limit of "
                             f"{gib_text(host_budget)} GiB")
         return problems
 
+
+# The caching allocator's free blocks inside segments it cannot release, per byte allocated and freed within a
+# step: under pressure (it frees its cache and retries before failing) a step needs this much beyond its allocated
+# peak. Measured on an H100 by `benchmarks.gpu_fit_probe` (c46, 2026-12-07: the smallest
+# set_per_process_memory_fraction cap under which GPU-resident steps run, Qwen3-4B batch 1-4, the Llama-3.2-3B
+# shape batch 4-8, the Qwen3-1.7B shape batch 8-16): 0.21-0.45 of the transient bytes, least squares 0.33 (each
+# row within 2.2 GiB). Without it the model had GPU-resident Qwen3-4B batch 8 fit an H100 where it ran out of memory
+# (c42).
+ALLOCATOR_FRAGMENTATION = 0.33
 
 # GPU bytes per attention score that eager attention holds in one layer's recomputed forward + backward: the
 # bf16 scores and probabilities and the fp32 softmax output kept for the backward, and the scores' fp32 and bf16
@@ -92,8 +114,6 @@ def _activations(step: PeerStep) -> float:
     if s.checkpoint_interval > 1:  # one checkpoint per block, the recomputed inputs of one block, a working set
         blocks = -(-w.model.layers // s.checkpoint_interval)
         return (blocks + 1 + s.checkpoint_interval) * ckpt + working + scores
-    if s.autocast_cache:  # fp32 weights under autocast: the residual stream, so every layer's checkpoint, is fp32
-        return activation_bytes(w) + scores + (w.model.layers + 1) * ckpt  # fp32: twice the bf16 count
     return activation_bytes(w) + scores
 
 

@@ -11,6 +11,9 @@
 #    predictions made before: 2.987 / 3.394 / 4.207 / 5.834 s; predictions.json is written again before the runs);
 #    untied, H100 hosts measured 2.44-2.74 / - / 3.68-3.88 / 5.04-5.39 s (c20, c37). Expected: 5-9% faster than
 #    those untied rows (the CPU Adam, the copies and the cast over 9.7% fewer parameters).
+# Added 15:15 UTC, before the call: the peers' memory model now (bf16 checkpoints again, the fp32 rule having
+# matched only untied rows; allocator fragmentation 0.33 x the transient bytes, fitted on c46) gives allocated
+# 62.8 / 62.8 / 68.2 GiB at batch 1 / 4 / 8 and a smallest cap of 68.7 / 68.7 / 75.9 GiB: batch 8 fits an H100.
 # Carry .whl. Run: bash benchmarks/results/next-h200/call47.sh
 source benchmarks/results/h200-2026-12-04/setup.sh
 export OUT
