@@ -78,18 +78,19 @@ TORCH_CLIP_GRAD_NORM_BF16 = "torch_clip_grad_norm_bf16"
 # reduce_bucket_size of the measured DeepSpeed runs (benchmarks/peer_systems.py).
 ZERO_BUCKET_PARAMS = 200_000_000
 
-# Host memory of the measured peers (benchmarks/RESULTS.md, fifth H200 session: Qwen3-4B, 4.02 G parameters,
-# seq 4096, batch 1-8; RSS steady = peak, less the 1.6 GiB a GPU-resident training process holds): DeepSpeed
-# 0.19.8 ZeRO-2-Offload 115.9 GiB (30.5 B/param where its optimizer state is 16: pageable copies kept beside its
-# pinned buffers, not itemised), FSDP2 + CPUOffloadPolicy 73.7 GiB (19.2 B/param). The specs add the excess
-# over the state, so that "fits the host" is right for them.
-ZERO2_OFFLOAD_HOST_OVERHEAD = 14.5
+# Host memory of the measured peers (benchmarks/RESULTS.md, fifth H200 session: Qwen3-4B, seq 4096, batch 1-8; RSS
+# steady = peak, less the 1.6 GiB a GPU-resident training process holds): DeepSpeed 0.19.8 ZeRO-2-Offload 115.9 GiB,
+# FSDP2 + CPUOffloadPolicy 73.7 GiB. DeepSpeed trained that model with its head untied (the benchmark's bug, fixed
+# 2026-12-07: 4.41 G parameters, not 4.02), FSDP2 tied: ZeRO-2 holds 27.8 B/param where its optimizer state is 16
+# (pageable copies kept beside its pinned buffers, not itemised), FSDP2 19.2. The specs add the excess over the
+# state, so that "fits the host" is right for them.
+ZERO2_OFFLOAD_HOST_OVERHEAD = 11.8
 FSDP2_OFFLOAD_HOST_OVERHEAD = 3.2
-# DeepSpeed 0.19.8 ZeRO-3-Offload, the same way (seventeenth session, c42 on a lent H100 host: Qwen3-4B, RSS 115.0
-# GiB at batch 1-8 where its buffers are 20 B/param): 10.3 B/param beyond. Against c43's three smaller models
-# (measured before this was fitted, so not blind): +5% and +8% for the 1.7B and 3B shapes, -18% for Qwen3-0.6B
-# (DeepSpeed's fixed buffers are not per-parameter).
-ZERO3_OFFLOAD_HOST_OVERHEAD = 10.3
+# DeepSpeed 0.19.8 ZeRO-3-Offload, the same way (c42 on a lent H100 host: Qwen3-4B untied, RSS 115.0 GiB at batch
+# 1-8 where its buffers are 20 B/param): 7.6 B/param beyond. Against five more models as trained (c43, c45; measured
+# before the correction, not blind): the Qwen2.5-3B, Qwen3-1.7B and Llama-3.2-3B shapes and Mistral-w12 +11 to
+# +17% high, Qwen3-0.6B +2% (DeepSpeed's buffers are not all per-parameter).
+ZERO3_OFFLOAD_HOST_OVERHEAD = 7.6
 
 
 @dataclass(frozen=True)

@@ -75,14 +75,14 @@ def test_sweep_with_two_systems_has_one_row_per_system_and_point_and_one_line_ea
 
 
 def test_a_peer_fits_by_the_machines_whole_memory_and_every_fit_takes_the_limits_given(capsys, tmp_path):
-    """A peer's run is predicted, not planned: ZeRO-2-Offload's Qwen3-4B (114.3 GiB on the host; 115.9 GiB RSS
-    measured there) fits h200-x1's 125.8 GiB host although SlideDP's planning margin (90%) is 113.2. --host-limit
-    applies to the peer and to a sweep's rows alike (the sweep ignored it)."""
+    """A peer's run is predicted, not planned: ZeRO-2-Offload's Qwen3-4B (104.1 GiB on the host; 115.9 GiB RSS
+    measured there with the head untied) is judged against h200-x1's whole 125.8 GiB host, not SlideDP's planning
+    margin. --host-limit applies to the peer and to a sweep's rows alike (the sweep ignored it)."""
     zero2 = ["--model", "qwen3-4b", "--hardware", "h200-x1", "--seq", "4096"]
     code, _, err = run(capsys, "simulate", *zero2, "--batch", "4", "--system", "zero2-offload")
     assert code == 0, err
     code, _, err = run(capsys, "simulate", *zero2, "--batch", "4", "--system", "zero2-offload", "--host-limit", "100")
-    assert code == 2 and "host memory 114.3 GiB exceeds the limit of 100" in err
+    assert code == 2 and "host memory 104.1 GiB exceeds the limit of 100" in err
     for limit, fits in ((None, True), ("100", False)):
         out = tmp_path / f"s{limit}.csv"
         argv = ["sweep", *zero2, "--batches", "1", "--systems", "zero2-offload", "--out", str(out)]
