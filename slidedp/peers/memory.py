@@ -3,9 +3,10 @@
 Unlike SlideDP's model (slidedp.model.memory), which sums every buffer, a peer's peak is the larger of two moments,
 because its gradients and activations are never all alive at once: the end of forward (state, every layer's
 checkpoint, one layer's working set, the loss chunk, the gathered layers and, with autocast, the bf16 copies of
-every fp32 weight it caches until forward ends) and the end of
-backward (state plus every gradient a GPU-resident system keeps, or the gradient buffers in flight to the host,
-plus the fp32 gradient of a tied embedding accumulated from the lookup and the head). Activations and the loss
+every fp32 weight it caches until forward ends) and the end of backward (state plus every gradient a GPU-resident
+system keeps, or the gradient buffers in flight to the host, plus the fp32 gradient of a tied embedding
+accumulated from the lookup and the head). What the card must hold adds the caching allocator's fragmentation
+(``ALLOCATOR_FRAGMENTATION``) and the profile's reserve. Activations and the loss
 chunk are counted as for SlideDP (``activation_bytes``, ``loss_bytes``), since every peer recomputes per layer with
 the same chunked loss, except where a system's spec says otherwise: checkpoints kept on the host (SlideFormer: the
 prefetch window's on the GPU), checkpoints every ``checkpoint_interval`` layers with that many recomputed inputs
