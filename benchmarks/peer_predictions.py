@@ -19,9 +19,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import log
+from benchmarks.peer_setup import spec_as_trained
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GIB, HardwareProfile, load_hardware
-from slidedp.model_spec import load_model_spec
+from slidedp.model_spec import ModelSpec, load_model_spec
 from slidedp.peers import estimate_peer_memory, peer_step, simulate_peer
 from slidedp.peers.systems import DEEPSPEED_CPU_ADAM
 from slidedp.report.peers import SIMULATED_AS, load_rows
@@ -40,9 +41,10 @@ def with_stand_in(hw: HardwareProfile) -> HardwareProfile:
     return replace(hw, host=replace(hw.host, peer_adam_gparams_per_s=rates))
 
 
-def predict(system: str, model: str, hw: HardwareProfile, seq: int, batch: int) -> dict:
-    """Predicted step, limiter and memory; ``refused`` names why the simulator declined."""
-    spec = load_model_spec(model)
+def predict(system: str, model: str, hw: HardwareProfile, seq: int, batch: int, spec: ModelSpec | None = None) -> dict:
+    """Predicted step, limiter and memory; ``refused`` names why the simulator declined. ``spec``: the model as a
+    measured row trained it (benchmarks.peer_setup.spec_as_trained), where that differs from ``model``."""
+    spec = spec or load_model_spec(model)
     try:
         step = peer_step(system, spec, hw, seq, batch)
     except SlideDPError as exc:
@@ -83,14 +85,17 @@ def comparison(sessions: list[Path], hw: HardwareProfile) -> str:
             rows = {b: measured.get((model, system, b)) for b in BATCHES}
             if not any(rows.values()):
                 continue
+            any_row = next(r for by in rows.values() if by for r in by.values())
+            spec = spec_as_trained(model, any_row)  # every session before 2026-12-07 15:00 trained it the same way
+            shown = spec.name if spec.name.endswith("(head untied)") else model
             variants = [(MEASURED_AS[system], hw)]
-            if "refused" in predict(MEASURED_AS[system], model, hw, seqs[model], 1):  # the profile lacks its rate
+            if "refused" in predict(MEASURED_AS[system], model, hw, seqs[model], 1, spec):  # the profile lacks its rate
                 variants.append((f"{MEASURED_AS[system]} (stand-in rate)", stand_in_hw))
             for label, profile in variants:
                 simulated = label.split(" ")[0]
                 predicted_oom = None
                 for b in BATCHES:
-                    p = predict(simulated, model, profile, seqs[model], b)
+                    p = predict(simulated, model, profile, seqs[model], b, spec)
                     if "refused" not in p and not p["fits"] and predicted_oom is None:
                         predicted_oom = b
                     by_session = rows[b] or {}
@@ -99,7 +104,7 @@ def comparison(sessions: list[Path], hw: HardwareProfile) -> str:
                     ok = {n: r for n, r in by_session.items() if r.get("status") == "ok"}
                     if "refused" in p:
                         cells = " | ".join("- | -" for _ in names)
-                        lines.append(f"| {model} | {b} | {system} | {label} | refused: no DeepSpeedCPUAdam rate "
+                        lines.append(f"| {shown} | {b} | {system} | {label} | refused: no DeepSpeedCPUAdam rate "
                                      f"in {hw.name} | {cells} | - | - |")
                         continue
                     cells = []
@@ -113,12 +118,12 @@ def comparison(sessions: list[Path], hw: HardwareProfile) -> str:
                     gpu = f"{p['alloc_gib']:.1f} / {_s(any_ok and any_ok.get('gpu_peak_gib'), '.1f')}"
                     host = f"{p['host_gib']:.1f} / {_s(any_ok and any_ok.get('host_rss_peak_gib'), '.1f')}"
                     fits = "" if p["fits"] else " OOM"
-                    lines.append(f"| {model} | {b} | {system} | {label} | {p['step_s']:.3f} ({p['limiter']}){fits} | "
+                    lines.append(f"| {shown} | {b} | {system} | {label} | {p['step_s']:.3f} ({p['limiter']}){fits} | "
                                  + " | ".join(cells) + f" | {gpu} | {host} |")
                 measured_oom = next((b for b in BATCHES if rows[b] and any(r.get("status") == "oom"
                                                                             for r in rows[b].values())), None)
                 ran = [b for b in BATCHES if rows[b]]
-                oom_lines.append(f"| {model} | {system} | {label} | {predicted_oom or f'none up to {BATCHES[-1]}'} | "
+                oom_lines.append(f"| {shown} | {system} | {label} | {predicted_oom or f'none up to {BATCHES[-1]}'} | "
                                  f"{measured_oom or f'none up to {max(ran)}'} |")
     out = ["Step time (predicted on the development machine; error = (predicted - measured) / measured; GPU peak "
            "is the memory model's allocated peak against torch.cuda.max_memory_allocated; host is the model's state "

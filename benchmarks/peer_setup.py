@@ -116,6 +116,23 @@ def wrap_with_loss(lm):
     return CausalLMWithChunkedLoss(lm)
 
 
+# Measured peers that trained a tied model with an untied head before benchmarks.peer_setup.materialise_ tied it
+# again (2026-12-07): the single-GPU GPU-resident system and DeepSpeed. Rows written since carry "head_as_configured".
+UNTIED_BEFORE_FIX = ("resident", "deepspeed-offload", "deepspeed-zero3-offload")
+
+
+def spec_as_trained(model: str, row: dict):
+    """The ModelSpec a measured peer row trained: its model, with the head untied where the benchmark untied it."""
+    from dataclasses import replace
+
+    from slidedp.model_spec import load_model_spec
+
+    spec = load_model_spec(model)
+    untied = (spec.tied_embeddings and not row.get("head_as_configured") and row.get("system") in UNTIED_BEFORE_FIX
+              and not (row.get("system") == "resident" and row.get("gpus", 1) > 1))  # several: FSDP2, tied
+    return replace(spec, tied_embeddings=False, name=f"{spec.name} (head untied)") if untied else spec
+
+
 def materialise_(module, cfg, device: str, seed: int = 0) -> None:
     """Random init in place as transformers does (normal(0, initializer_range) for matrices, ones for norms),
     drawn on ``device`` in fp32 and copied into each parameter's (possibly sharded, possibly CPU) storage;
@@ -201,7 +218,7 @@ def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, ext
     seq = args.seq
     for i, batch in enumerate(args.batches):
         row = {"system": system, "model": args.model, "seq": seq, "batch": batch, "tokens_per_step": batch * seq,
-               "gpus": ranks.world, **(extra or {})}
+               "gpus": ranks.world, "head_as_configured": True, **(extra or {})}
         if batch % ranks.world:
             if ranks.rank == 0:
                 emit({**row, "status": f"skipped (batch not divisible by {ranks.world} ranks)"})

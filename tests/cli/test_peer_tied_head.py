@@ -24,3 +24,16 @@ def test_materialised_peer_model_keeps_the_configured_tying(tmp_path, tied):
     embedding = 1000 * 64
     counted = sum(p.numel() for p in module.parameters())
     assert counted == sum(p.numel() for p in lm.model.parameters()) + (0 if tied else embedding)
+
+
+def test_rows_measured_before_the_fix_are_predicted_as_the_untied_model_they_trained():
+    from benchmarks.peer_setup import spec_as_trained
+
+    tied = spec_as_trained("qwen3-4b", {"system": "fsdp2-offload"})
+    assert tied.tied_embeddings
+    for system in ("resident", "deepspeed-offload", "deepspeed-zero3-offload"):
+        untied = spec_as_trained("qwen3-4b", {"system": system, "gpus": 1})
+        assert not untied.tied_embeddings and untied.total_params == tied.total_params + tied.vocab * tied.hidden
+        assert spec_as_trained("qwen3-4b", {"system": system, "head_as_configured": True}) == tied
+    assert spec_as_trained("qwen3-4b", {"system": "resident", "gpus": 4}) == tied  # FSDP2 on several GPUs
+    assert not spec_as_trained("qwen3-8b", {"system": "resident"}).tied_embeddings  # untied as configured
