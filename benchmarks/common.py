@@ -52,12 +52,12 @@ def synthetic_tokens(vocab: int, batch: int, seq: int):
 
 # What torch's CUDA out-of-memory message says, in GiB: the request, the card, what the process had in use,
 # and how much of that PyTorch had allocated and held reserved but unallocated (fragmentation, at that moment).
-_OOM_FIELDS = {"request_gib": r"Tried to allocate ([\d.]+) ([KMG]iB)",
-               "capacity_gib": r"total capacity of ([\d.]+) ([KMG]iB)",
-               "in_use_gib": r"this process has ([\d.]+) ([KMG]iB) memory in use",
-               "allocated_gib": r"([\d.]+) ([KMG]iB) is allocated by PyTorch",
-               "reserved_unallocated_gib": r"([\d.]+) ([KMG]iB) is reserved by PyTorch but unallocated"}
-_UNIT_GIB = {"KiB": 2**-20, "MiB": 2**-10, "GiB": 1.0}
+_OOM_FIELDS = {"request_gib": r"Tried to allocate ([\d.]+) ([KMG]iB|bytes)",
+               "capacity_gib": r"total capacity of ([\d.]+) ([KMG]iB|bytes)",
+               "in_use_gib": r"this process has ([\d.]+) ([KMG]iB|bytes) memory in use",
+               "allocated_gib": r"([\d.]+) ([KMG]iB|bytes) is allocated by PyTorch",
+               "reserved_unallocated_gib": r"([\d.]+) ([KMG]iB|bytes) is reserved by PyTorch but unallocated"}
+_UNIT_GIB = {"bytes": 2**-30, "KiB": 2**-20, "MiB": 2**-10, "GiB": 1.0}
 
 
 def oom_fields(message: str) -> dict[str, float]:

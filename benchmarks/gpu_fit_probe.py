@@ -7,9 +7,10 @@ Qwen3-4B at batch 8 allocates 74.2 GiB at its peak (H200) and still ran out of a
 the caching allocator's free blocks inside segments it cannot release are the difference. Unconstrained, its
 reserved peak says little (it keeps whatever it cached, 8-27 GiB above the allocated peak); under pressure it frees
 what it can and retries. So, per batch, this probe bisects ``torch.cuda.set_per_process_memory_fraction`` for the
-smallest cap under which ``--steps`` steps run from an emptied cache (the persistent state, weights, gradients and
-AdamW moments, allocated first as in a fresh run) and reports it beside the allocated peak: ``needed - allocated``
-is the fragmentation a card must hold on top of what the memory model counts.
+smallest cap under which ``--steps`` steps run from an emptied cache (the weights and AdamW moments allocated first,
+as in a fresh run; the gradients are freed between steps) and reports it beside the allocated peak: ``needed -
+allocated`` is the fragmentation a card must hold on top of what the memory model counts. ``--deadline`` also stops
+a bisection under way (the row then says its cap is an upper bound).
 
 Runs the peers' GPU-resident system (benchmarks.peer_systems.run_resident: fp32 weights, bf16 autocast, the chunked
 loss, fused AdamW, clip). One row per batch in DIR/fit_probe.jsonl.
@@ -18,6 +19,7 @@ loss, fused AdamW, clip). One row per batch in DIR/fit_probe.jsonl.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -29,20 +31,22 @@ from benchmarks.peer_setup import BETAS, CLIP, EPS, LR, build_lm, materialise_, 
 GIB = 2**30
 
 
-def smallest_cap(try_cap, low: float, high: float, resolution: float) -> tuple[float | None, int]:
+def smallest_cap(try_cap, low: float, high: float, resolution: float,
+                 out_of_time=lambda: False) -> tuple[float, int, bool]:
     """The smallest cap in (low, high] for which ``try_cap(cap)`` is True, to ``resolution``, assuming it is
-    monotone; None when even ``high`` fails. Returns it with the number of trials."""
-    trials = 1
-    if not try_cap(high):
-        return None, trials
+    monotone and ``high`` known to pass. Returns it, the number of trials, and whether the resolution was reached
+    (False: ``out_of_time()`` stopped the bisection; the cap is then an upper bound)."""
+    trials = 0
     while high - low > resolution:
+        if out_of_time():
+            return high, trials, False
         mid = (low + high) / 2
         trials += 1
         if try_cap(mid):
             high = mid
         else:
             low = mid
-    return high, trials
+    return high, trials, True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     context = torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0] - torch.cuda.memory_reserved()
     for batch in args.batches:
         if time.monotonic() - t_start > args.deadline:
-            append_jsonl(out / "fit_probe.jsonl", {"model": args.model, "batch": batch, "status": "not started"})
+            append_jsonl(out / "fit_probe.jsonl", {"model": args.model, "seq": args.seq, "batch": batch,
+                                                   "status": "not started"})
             continue
         tokens = synthetic_tokens(cfg.vocab_size, batch, args.seq).cuda()
         x, y = tokens[:, :-1], tokens[:, 1:]
@@ -105,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                 last_oom.clear()
                 last_oom.update(oom_fields(str(exc)))
                 return False
+            finally:
+                gc.collect()  # nothing of a failed step may hold memory into the next trial
 
         # Unconstrained first: the allocated peak (the bisection's lower bound) and the reserved peak.
         free_run = fits(total)
@@ -115,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         if not free_run:
             row.update(status="oom", note="out of memory with the whole card", **last_oom)
         else:
-            needed, trials = smallest_cap(fits, allocated, total, args.resolution * GIB)
-            row.update(status="ok", allocated_peak_gib=allocated / GIB, reserved_peak_gib=reserved / GIB,
+            needed, trials, exact = smallest_cap(fits, allocated, total, args.resolution * GIB,
+                                                 lambda: time.monotonic() - t_start > args.deadline)
+            row.update(status="ok" if exact else "ok (deadline: needed is an upper bound)",
+                       allocated_peak_gib=allocated / GIB, reserved_peak_gib=reserved / GIB,
                        needed_gib=needed / GIB, fragmentation_gib=(needed - allocated) / GIB,
                        transient_gib=(allocated - persistent) / GIB, trials=trials)
         torch.cuda.set_per_process_memory_fraction(1.0)

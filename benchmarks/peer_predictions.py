@@ -65,13 +65,17 @@ def _s(v: float | None, spec: str = ".3f") -> str:
 
 
 def comparison(sessions: list[Path], hw: HardwareProfile) -> str:
+    # Rows grouped by the model each trained (a session before the tied-head fix and one after are two groups).
     measured: dict[tuple[str, str, int], dict[str, dict]] = {}
     seqs: dict[str, int] = {}
+    specs: dict[str, tuple[str, ModelSpec]] = {}
     for folder in sessions:
         for r in load_rows(folder):
-            if r["system"] in MEASURED_AS and r.get("gpus", 1) == 1:
-                measured.setdefault((r["model"], r["system"], r["batch"]), {})[folder.parent.name] = r
-                seqs[r["model"]] = r["seq"]
+            if r["system"] in MEASURED_AS and r.get("gpus", 1) == 1 and r.get("status") != "not run":
+                spec = spec_as_trained(r["model"], r)
+                specs[spec.name] = (r["model"], spec)
+                measured.setdefault((spec.name, r["system"], r["batch"]), {})[folder.parent.name] = r
+                seqs[spec.name] = r["seq"]
     names = list(dict.fromkeys(f.parent.name for f in sessions))  # one column per session
     lines = ["| model | batch | measured system | simulated as | predicted s (limiter) | "
              + " | ".join(f"measured s {n} | error" for n in names)
@@ -80,22 +84,20 @@ def comparison(sessions: list[Path], hw: HardwareProfile) -> str:
     errors: dict[str, list[float]] = {}
     oom_lines = []
     stand_in_hw = with_stand_in(hw)
-    for model in sorted({k[0] for k in measured}):
+    for shown in sorted({k[0] for k in measured}):  # the model as trained, as the table names it
+        model, spec = specs[shown]
         for system in MEASURED_AS:
-            rows = {b: measured.get((model, system, b)) for b in BATCHES}
+            rows = {b: measured.get((shown, system, b)) for b in BATCHES}
             if not any(rows.values()):
                 continue
-            any_row = next(r for by in rows.values() if by for r in by.values())
-            spec = spec_as_trained(model, any_row)  # every session before 2026-12-07 15:00 trained it the same way
-            shown = spec.name if spec.name.endswith("(head untied)") else model
             variants = [(MEASURED_AS[system], hw)]
-            if "refused" in predict(MEASURED_AS[system], model, hw, seqs[model], 1, spec):  # the profile lacks its rate
+            if "refused" in predict(MEASURED_AS[system], model, hw, seqs[shown], 1, spec):  # the profile lacks its rate
                 variants.append((f"{MEASURED_AS[system]} (stand-in rate)", stand_in_hw))
             for label, profile in variants:
                 simulated = label.split(" ")[0]
                 predicted_oom = None
                 for b in BATCHES:
-                    p = predict(simulated, model, profile, seqs[model], b, spec)
+                    p = predict(simulated, model, profile, seqs[shown], b, spec)
                     if "refused" not in p and not p["fits"] and predicted_oom is None:
                         predicted_oom = b
                     by_session = rows[b] or {}

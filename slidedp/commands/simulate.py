@@ -88,7 +88,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     )
     if args.out:
         write_run_dir(args.out, result.trace, result.exposure, summary, policy, hw)
-    peers = peer_memory_rows(peer_host_needs(spec, hw, w.seq, w.global_batch), w, est, budget) \
+    peers = peer_memory_rows(peer_host_needs(spec, hw, w.seq, w.global_batch), w, est, budget,
+                             capacity_budget(hw, args.gpu_budget, args.host_limit)) \
         if getattr(args, "peers", False) else None
     if args.json:  # what the tables say, as one object
         extra = {} if choice is None else {"state_choice": asdict(choice)}
@@ -165,17 +166,19 @@ def _print_state(w: StepWorkload, est: StepEstimate, choice: StateChoice | None)
 
 
 def peer_memory_rows(rows: list[tuple[str, PeerMemory]], w: StepWorkload, est: StepEstimate,
-                     budget: Budget) -> list[dict]:
+                     budget: Budget, capacity: Budget) -> list[dict]:
     """Host bytes per parameter (state alone, and all the system holds on the host), host and GPU peak bytes,
-    and whether each system fits the host and GPU budgets, SlideDP in its host-state precision first: what the
-    --peers table prints and --json writes."""
+    and whether each system fits, SlideDP in its host-state precision first: what the --peers table prints and
+    --json writes. SlideDP is held to the planning ``budget`` (its margin is its allowance for the allocator), a
+    peer to the machine's ``capacity``: its GPU peak counts the allocator's fragmentation itself."""
     mem = est.memory
-    entries = [(f"slidedp ({w.state.name})", mem.host_bytes_per_param, mem.host_total, mem.params, mem.gpu_peak)]
-    entries += [(name, m.host_bytes_per_param, m.host_total, m.params, m.gpu_peak) for name, m in rows]
+    entries = [(f"slidedp ({w.state.name})", mem.host_bytes_per_param, mem.host_total, mem.params, mem.gpu_peak,
+                budget)]
+    entries += [(name, m.host_bytes_per_param, m.host_total, m.params, m.gpu_peak, capacity) for name, m in rows]
     return [{"system": name, "host_state_bytes_per_param": state_bpp, "host_bytes_per_param": host_total / params,
              "host_gib": host_total / GIB, "gpu_peak_gib": gpu_peak / GIB,
-             "fits": bool(host_total <= budget.host_bytes and gpu_peak <= budget.gpu_bytes)}
-            for name, state_bpp, host_total, params, gpu_peak in entries]
+             "fits": bool(host_total <= limit.host_bytes and gpu_peak <= limit.gpu_bytes)}
+            for name, state_bpp, host_total, params, gpu_peak, limit in entries]
 
 
 def _print_peer_host_needs(rows: list[dict], w: StepWorkload, budget: Budget) -> None:

@@ -4,15 +4,15 @@ Unlike SlideDP's model (slidedp.model.memory), which sums every buffer, a peer's
 because its gradients and activations are never all alive at once: the end of forward (state, every layer's
 checkpoint, one layer's working set, the loss chunk, the gathered layers and, with autocast, the bf16 copies of
 every fp32 weight it caches until forward ends) and the end of backward (state plus every gradient a GPU-resident
-system keeps, or the gradient buffers in flight to the host, plus the fp32 gradient of a tied embedding
-accumulated from the lookup and the head). What the card must hold adds the caching allocator's fragmentation
-(``ALLOCATOR_FRAGMENTATION``) and the profile's reserve. Activations and the loss
-chunk are counted as for SlideDP (``activation_bytes``, ``loss_bytes``), since every peer recomputes per layer with
-the same chunked loss, except where a system's spec says otherwise: checkpoints kept on the host (SlideFormer: the
-prefetch window's on the GPU), checkpoints every ``checkpoint_interval`` layers with that many recomputed inputs
-cached (MegaTrain), a loss that keeps every chunk's bf16 log-probabilities until backward (MegaTrain), preallocated
-layer buffers sized for the largest streamed unit (``gpu_buffer_bytes``), root units resident on the GPU in bf16
-(MegaTrain) and host bytes that grow with the batch (pinned checkpoints).
+system keeps, or the gradient buffers in flight to the host, plus the fp32 gradient of a tied embedding accumulated
+from the lookup and the head). What the card must hold adds the caching allocator's fragmentation
+(``PeerSystem.allocator_fragmentation``, measured for GPU-resident DDP) and the profile's reserve. Activations and
+the loss chunk are counted as for SlideDP (``activation_bytes``, ``loss_bytes``), since every peer recomputes per
+layer with the same chunked loss, except where a system's spec says otherwise: checkpoints kept on the host
+(SlideFormer: the prefetch window's on the GPU), checkpoints every ``checkpoint_interval`` layers with that many
+recomputed inputs cached (MegaTrain), a loss that keeps every chunk's bf16 log-probabilities until backward
+(MegaTrain), preallocated layer buffers sized for the largest streamed unit (``gpu_buffer_bytes``), root units
+resident on the GPU in bf16 (MegaTrain) and host bytes that grow with the batch (pinned checkpoints).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class PeerMemory:
     params: int
     host_overhead: float = 0.0  # what the system holds on the host beyond its state (measured, see PeerSystem)
     host_buffers: float = 0.0  # host bytes that depend on the batch or the largest unit (pinned checkpoints, staging)
+    fragmentation: float = 0.0  # the allocator's bytes beyond the allocated peak per transient byte (PeerSystem)
 
     @property
     def gpu_transient(self) -> float:
@@ -45,8 +46,8 @@ class PeerMemory:
 
     @property
     def gpu_fragmentation(self) -> float:
-        """What the caching allocator needs beyond the allocated peak to run the step (ALLOCATOR_FRAGMENTATION)."""
-        return ALLOCATOR_FRAGMENTATION * self.gpu_transient
+        """What the caching allocator needs beyond the allocated peak to run the step (PeerSystem's factor)."""
+        return self.fragmentation * self.gpu_transient
 
     @property
     def gpu_peak(self) -> float:
@@ -86,14 +87,6 @@ class PeerMemory:
         return problems
 
 
-# The caching allocator's free blocks inside segments it cannot release, per byte allocated and freed within a
-# step: under pressure (it frees its cache and retries before failing) a step needs this much beyond its allocated
-# peak. Measured on an H100 by `benchmarks.gpu_fit_probe` (c46, 2026-12-07: the smallest
-# set_per_process_memory_fraction cap under which GPU-resident steps run, Qwen3-4B batch 1-4, the Llama-3.2-3B
-# shape batch 4-8, the Qwen3-1.7B shape batch 8-16): 0.21-0.45 of the transient bytes, least squares 0.33 (each
-# row within 2.2 GiB). Without it the model had GPU-resident Qwen3-4B batch 8 fit an H100 where it ran out of memory
-# (c42).
-ALLOCATOR_FRAGMENTATION = 0.33
 
 # GPU bytes per attention score that eager attention holds in one layer's recomputed forward + backward: the
 # bf16 scores and probabilities and the fp32 softmax output kept for the backward, and the scores' fp32 and bf16
@@ -166,4 +159,5 @@ def estimate_peer_memory(step: PeerStep) -> PeerMemory:
         host_buffers += 2 * (1 + max(s.grad_buffers, 1)) * largest
     return PeerMemory(gpu_state=state, gpu_forward=forward, gpu_backward=backward,
                       gpu_reserve=w.hw.gpu.reserve_gib * GIB, host_state=s.host_state_bytes * total, params=total,
-                      host_overhead=s.host_overhead_bytes * total, host_buffers=host_buffers)
+                      host_overhead=s.host_overhead_bytes * total, host_buffers=host_buffers,
+                      fragmentation=s.allocator_fragmentation)

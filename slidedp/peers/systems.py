@@ -92,6 +92,16 @@ FSDP2_OFFLOAD_HOST_OVERHEAD = 3.2
 # +17% high, Qwen3-0.6B +2% (DeepSpeed's buffers are not all per-parameter).
 ZERO3_OFFLOAD_HOST_OVERHEAD = 7.6
 
+# The caching allocator's free blocks inside segments it cannot release, per byte allocated and freed within a
+# step: under pressure (it frees its cache and retries before failing) a step needs this much beyond its allocated
+# peak. Measured on an H100 by `benchmarks.gpu_fit_probe` (c46, 2026-12-07: the smallest
+# set_per_process_memory_fraction cap under which GPU-resident steps run, Qwen3-4B batch 1-4, the Llama-3.2-3B
+# shape batch 4-8, the Qwen3-1.7B shape batch 8-16): 0.21-0.45 of the transient bytes, least squares 0.33 (each
+# row within 2.2 GiB). Without it the model had GPU-resident Qwen3-4B batch 8 fit an H100 where it ran out of memory
+# (c42). Only GPU-resident DDP's allocations were measured; the other systems keep 0 until theirs are (their
+# preallocated buffers would not fragment).
+ALLOCATOR_FRAGMENTATION = 0.33
+
 
 @dataclass(frozen=True)
 class SerialGradCopy:
@@ -218,6 +228,9 @@ class PeerSystem:
     grad_staging_bytes: int = 0
     # The least host time of a decoder layer's passes (LayerHostFloor); None: the GPU sets their pace.
     layer_host_floor: LayerHostFloor | None = None
+    # The caching allocator's bytes beyond the allocated peak per byte allocated and freed within a step (measured:
+    # ALLOCATOR_FRAGMENTATION); 0 where not measured.
+    allocator_fragmentation: float = 0.0
     # The layer-streaming peers (SlideFormer, MegaTrain), each stated from its code (benchmarks/peer_sources.md):
     single_gpu: bool = False  # modelled on one GPU only (their multi-GPU modes reduce on the CPU, not modelled)
     backward_fetches: int = 1  # copies of each decoder layer in backward, where refetch_in_backward
@@ -310,7 +323,7 @@ SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
         grad_collective="all_reduce", grad_collective_bytes=4, grad_d2h_bytes=0,
         optimizer="gpu", cpu_adam=None, clip_host_bytes=0, cast_after_step=False, writeback_h2d_bytes=0,
         gpu_weight_bytes=4, gpu_moment_bytes=8, gpu_grad_bytes=4, gpu_state_sharded=False, autocast_cache=True,
-        host_state_bytes=0),
+        host_state_bytes=0, allocator_fragmentation=ALLOCATOR_FRAGMENTATION),
     PeerSystem(
         name="slideformer", summary="SlideFormer: layer streaming, per-layer CPU Adam overlapping backward",
         fetch_h2d_bytes=2, gathered_bytes=0, refetch_in_backward=True,

@@ -10,13 +10,15 @@ def test_bisection_finds_the_smallest_cap_to_the_resolution():
         tried.append(cap)
         return cap >= 73.3
 
-    cap, trials = smallest_cap(fits, 60.0, 80.0, 0.25)
-    assert 73.3 <= cap <= 73.3 + 0.25
-    assert trials == len(tried) and trials <= 2 + 7  # the whole card, then log2(20 / 0.25) halvings
+    cap, trials, exact = smallest_cap(fits, 60.0, 80.0, 0.25)
+    assert exact and 73.3 <= cap <= 73.3 + 0.25
+    assert trials == len(tried) == 7  # log2(20 / 0.25) halvings, the whole card known to pass
 
 
-def test_a_step_that_does_not_run_on_the_whole_card_has_no_cap():
-    assert smallest_cap(lambda cap: False, 60.0, 80.0, 0.25) == (None, 1)
+def test_a_deadline_stops_the_bisection_with_an_upper_bound():
+    calls = iter([False, False, True])
+    cap, trials, exact = smallest_cap(lambda cap: cap >= 73.3, 60.0, 80.0, 0.25, lambda: next(calls))
+    assert not exact and trials == 2 and cap == 75.0  # 70 failed, 75 passed, then out of time
 
 
 def test_an_out_of_memory_message_keeps_its_figures():
@@ -29,3 +31,4 @@ def test_an_out_of_memory_message_keeps_its_figures():
     assert oom_fields(message) == {"request_gib": 2.32, "capacity_gib": 79.18, "in_use_gib": 77.23,
                                    "allocated_gib": 71.5, "reserved_unallocated_gib": 0.5}
     assert oom_fields("CUBLAS_STATUS_ALLOC_FAILED") == {}
+    assert oom_fields("and 0 bytes is reserved by PyTorch but unallocated.") == {"reserved_unallocated_gib": 0.0}

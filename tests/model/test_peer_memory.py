@@ -9,8 +9,8 @@ from slidedp.hardware import GIB, load_hardware
 from slidedp.model.memory import activation_bytes, loss_bytes
 from slidedp.model_spec import ModelSpec, load_model_spec
 from slidedp.peers import SYSTEMS, PeerStep, estimate_peer_memory, peer_workload
-from slidedp.peers.memory import ALLOCATOR_FRAGMENTATION
 from slidedp.peers.step import PEER_WINDOW
+from slidedp.peers.systems import ALLOCATOR_FRAGMENTATION
 from tests.builders import free_machine, tiny_model
 
 # (GPU bytes per parameter held all step, GPU gradient bytes at the end of backward, host bytes per parameter),
@@ -48,7 +48,9 @@ def test_bytes_per_parameter_are_the_documented_ones(name, gpus):
     if SYSTEMS[name].gpu_grad_bytes:
         assert mem.gpu_backward >= grads(gpus) * p
     transient = max(mem.gpu_forward, mem.gpu_backward)
-    assert mem.gpu_peak == pytest.approx(mem.gpu_state + (1 + ALLOCATOR_FRAGMENTATION) * transient + mem.gpu_reserve)
+    fragmentation = SYSTEMS[name].allocator_fragmentation  # measured for GPU-resident DDP only
+    assert fragmentation == (ALLOCATOR_FRAGMENTATION if name == "ddp-resident" else 0.0)
+    assert mem.gpu_peak == pytest.approx(mem.gpu_state + (1 + fragmentation) * transient + mem.gpu_reserve)
 
 
 def test_autocast_keeps_a_bf16_copy_of_every_fp32_weight_until_forward_ends():
@@ -105,6 +107,14 @@ def test_out_of_memory_batches_are_the_measured_ones(hardware, model, name, fits
     spec = load_model_spec(model) if name == "fsdp2-offload" else _as_trained(model)  # FSDP2 kept the tie
     budget = hw.gpu.memory_gib * GIB
     assert [b for b in fits + oom if _mem(name, spec, hw, 4096, b)[1].gpu_peak <= budget] == fits
+
+
+@pytest.mark.xfail(strict=True, reason="the fragmentation fit's one miss on the H200 (benchmarks/RESULTS.md, call46)")
+def test_qwen3_8b_batch_8_fits_the_h200_as_it_ran():
+    """It ran with 130.1 GiB allocated, so at most 8.9 GiB of fragmentation (0.23 of its transient); the fit's 0.33
+    says 11.9 and puts it out of memory. Strict: this passes, and must be moved to the table above, once it is right."""
+    hw = load_hardware("h200-x1")
+    assert _mem("ddp-resident", load_model_spec("qwen3-8b"), hw, 4096, 8)[1].gpu_peak <= hw.gpu.memory_gib * GIB
 
 
 @pytest.mark.parametrize("model, batch", [("qwen3-4b", 8), ("llama3b", 16)])
