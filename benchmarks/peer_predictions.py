@@ -72,7 +72,7 @@ def comparison(sessions: list[Path], hw: HardwareProfile) -> str:
     for folder in sessions:
         for r in load_rows(folder):
             if r["system"] in MEASURED_AS and r.get("gpus", 1) == 1 and r.get("status") != "not run":
-                spec = spec_as_trained(r["model"], r)
+                spec = spec_as_trained(load_model_spec(r["model"]), r)
                 specs[spec.name] = (r["model"], spec)
                 measured.setdefault((spec.name, r["system"], r["batch"]), {})[folder.parent.name] = r
                 seqs[spec.name] = r["seq"]

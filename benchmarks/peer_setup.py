@@ -121,13 +121,11 @@ def wrap_with_loss(lm):
 UNTIED_BEFORE_FIX = ("resident", "deepspeed-offload", "deepspeed-zero3-offload")
 
 
-def spec_as_trained(model: str, row: dict):
-    """The ModelSpec a measured peer row trained: its model, with the head untied where the benchmark untied it."""
+def spec_as_trained(spec, row: dict):
+    """The ModelSpec a measured peer row trained: ``spec`` (its model as configured), with the head untied where
+    the benchmark untied it."""
     from dataclasses import replace
 
-    from slidedp.model_spec import load_model_spec
-
-    spec = load_model_spec(model)
     untied = (spec.tied_embeddings and not row.get("head_as_configured") and row.get("system") in UNTIED_BEFORE_FIX
               and not (row.get("system") == "resident" and row.get("gpus", 1) > 1))  # several: FSDP2, tied
     return replace(spec, tied_embeddings=False, name=f"{spec.name} (head untied)") if untied else spec

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import log, model_label, read_jsonl
+from benchmarks.peer_setup import spec_as_trained
 from benchmarks.shape_validation import ARCHS
 from slidedp.hardware import GIB, HardwareProfile, load_hardware
 from slidedp.model_spec import ModelSpec, load_model_spec
@@ -42,9 +43,10 @@ def model_spec(name: str) -> ModelSpec:
     return ModelSpec.from_hf_config(ARCHS[name], name=name) if name in ARCHS else load_model_spec(name)
 
 
-def predict(name: str, seq: int, batch: int, hw: HardwareProfile) -> dict:
-    """Step time and limiter, the backward and the part of it the serial gradient offload adds, memory."""
-    step = peer_step("zero2-offload", model_spec(name), hw, seq, batch)
+def predict(name: str, seq: int, batch: int, hw: HardwareProfile, spec: ModelSpec | None = None) -> dict:
+    """Step time and limiter, the backward and the part of it the serial gradient offload adds, memory; ``spec``:
+    the model as a measured row trained it (benchmarks.peer_setup.spec_as_trained), where that differs."""
+    step = peer_step("zero2-offload", spec or model_spec(name), hw, seq, batch)
     sim = simulate_peer(step)
     trace = sim.trace
     fwd_end = trace[trace.op == "fwd"].end_s.max()
@@ -53,15 +55,21 @@ def predict(name: str, seq: int, batch: int, hw: HardwareProfile) -> dict:
     mem = estimate_peer_memory(step)
     # The same step with the copies overlapping backward (the model before the serial offload), for contrast.
     overlapped = simulate_peer(PeerStep(replace(SYSTEMS["zero2-offload"], serial_grad_copy=None), step.w))
-    return {"model": name, "seq": seq, "batch": batch, "step_s": sim.step_time_s, "limiter": sim.limiter,
+    return {"model": name, "trained_as": step.w.model.name, "seq": seq, "batch": batch, "step_s": sim.step_time_s,
+            "limiter": sim.limiter,
             "overlapped_step_s": overlapped.step_time_s,
             "backward_s": bwd_end - fwd_end, "serial_offload_s": step.grad_sync_total_s()
             + float((d2h.end_s - d2h.start_s).sum()), "gpu_alloc_gib": mem.gpu_allocated_peak / GIB,
             "host_gib": mem.host_total_gib(), "fits_host": mem.host_total <= hw.host.memory_gib * GIB}
 
 
-def predictions(hw: HardwareProfile) -> list[dict]:
-    return [predict(name, seq, b, hw) for name, seq, batches in CASES for b in batches]
+def predictions(hw: HardwareProfile, measured: dict | None = None) -> list[dict]:
+    """Every case as configured, or, given the measured rows, as each row trained it."""
+    def spec(name: str, seq: int, batch: int) -> ModelSpec | None:
+        row = (measured or {}).get((name, seq, batch))
+        return spec_as_trained(model_spec(name), row) if row else None
+
+    return [predict(name, seq, b, hw, spec(name, seq, b)) for name, seq, batches in CASES for b in batches]
 
 
 def measured_rows(folders: list[Path]) -> dict[tuple[str, int, int], dict]:
@@ -81,7 +89,7 @@ def table(preds: list[dict], hw: HardwareProfile, measured: dict | None = None) 
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for p in preds:
         host = f"{p['host_gib']:.1f}" + ("" if p["fits_host"] else f" > {hw.host.memory_gib:.1f}: host OOM")
-        line = (f"| {p['model']} | {p['seq']} | {p['batch']} | {p['step_s']:.3f} ({p['limiter']}) | "
+        line = (f"| {p['trained_as']} | {p['seq']} | {p['batch']} | {p['step_s']:.3f} ({p['limiter']}) | "
                 f"{p['backward_s']:.3f} ({p['serial_offload_s']:.3f}) | {p['overlapped_step_s']:.3f} | "
                 f"{p['gpu_alloc_gib']:.1f} | {host} |")
         if measured is not None:
@@ -109,10 +117,11 @@ def main() -> int:
             (args.write_configs / f"{name}.json").write_text(json.dumps(ARCHS[name]))
         return 0
     hw = load_hardware(args.hardware)
-    preds = predictions(hw)
+    measured = measured_rows(args.compare) if args.compare else None
+    preds = predictions(hw, measured)  # compared: each row as the model it trained
     if args.json:
         args.json.write_text(json.dumps(preds, indent=1))
-    log(table(preds, hw, measured_rows(args.compare) if args.compare else None))
+    log(table(preds, hw, measured))
     return 0
 
 

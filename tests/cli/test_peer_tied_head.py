@@ -28,12 +28,14 @@ def test_materialised_peer_model_keeps_the_configured_tying(tmp_path, tied):
 
 def test_rows_measured_before_the_fix_are_predicted_as_the_untied_model_they_trained():
     from benchmarks.peer_setup import spec_as_trained
+    from slidedp.model_spec import load_model_spec
 
-    tied = spec_as_trained("qwen3-4b", {"system": "fsdp2-offload"})
-    assert tied.tied_embeddings
+    tied = load_model_spec("qwen3-4b")
+    assert spec_as_trained(tied, {"system": "fsdp2-offload"}) == tied
     for system in ("resident", "deepspeed-offload", "deepspeed-zero3-offload"):
-        untied = spec_as_trained("qwen3-4b", {"system": system, "gpus": 1})
+        untied = spec_as_trained(tied, {"system": system, "gpus": 1})
         assert not untied.tied_embeddings and untied.total_params == tied.total_params + tied.vocab * tied.hidden
-        assert spec_as_trained("qwen3-4b", {"system": system, "head_as_configured": True}) == tied
-    assert spec_as_trained("qwen3-4b", {"system": "resident", "gpus": 4}) == tied  # FSDP2 on several GPUs
-    assert not spec_as_trained("qwen3-8b", {"system": "resident"}).tied_embeddings  # untied as configured
+        assert spec_as_trained(tied, {"system": system, "head_as_configured": True}) == tied
+    assert spec_as_trained(tied, {"system": "resident", "gpus": 4}) == tied  # FSDP2 on several GPUs
+    eight = load_model_spec("qwen3-8b")  # untied as configured
+    assert spec_as_trained(eight, {"system": "resident"}) == eight
