@@ -9,8 +9,12 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from benchmarks.common import log, oom_fields, rss_gib
+
+if TYPE_CHECKING:
+    from slidedp.model_spec import ModelSpec
 
 LOSS_CHUNK_TOKENS = 4096
 LR, BETAS, EPS, CLIP = 1e-5, (0.9, 0.95), 1e-8, 1.0
@@ -121,7 +125,7 @@ def wrap_with_loss(lm):
 UNTIED_BEFORE_FIX = ("resident", "deepspeed-offload", "deepspeed-zero3-offload")
 
 
-def spec_as_trained(spec, row: dict):
+def spec_as_trained(spec: ModelSpec, row: dict) -> ModelSpec:
     """The ModelSpec a measured peer row trained: ``spec`` (its model as configured), with the head untied where
     the benchmark untied it."""
     from dataclasses import replace
@@ -137,8 +141,9 @@ def materialise_(module, cfg, device: str, seed: int = 0) -> None:
     the rotary embedding is rebuilt on ``device`` (to_empty leaves its buffer uninitialised).
 
     A tied head is tied again first: ``Module.to_empty`` gives the embedding and the head a tensor each (FSDP2's
-    sharded module keeps them one), so until 2026-12-07 the single-GPU resident system and DeepSpeed trained
-    Qwen3-4B, Qwen3-1.7B and Llama-3.2-3B with an untied head, 0.2-0.4 B parameters more than the model."""
+    sharded module keeps them one), so until 2026-12-07 the single-GPU resident system and DeepSpeed trained every
+    tied model (Qwen3-0.6B to 4B, the Llama-3.2-3B and Qwen2.5-3B shapes) with an untied head: 0.2-0.4 B parameters
+    more than the model."""
     import torch
 
     inner = module.lm if hasattr(module, "lm") else module

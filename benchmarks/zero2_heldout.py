@@ -56,8 +56,7 @@ def predict(name: str, seq: int, batch: int, hw: HardwareProfile, spec: ModelSpe
     # The same step with the copies overlapping backward (the model before the serial offload), for contrast.
     overlapped = simulate_peer(PeerStep(replace(SYSTEMS["zero2-offload"], serial_grad_copy=None), step.w))
     return {"model": name, "trained_as": step.w.model.name, "seq": seq, "batch": batch, "step_s": sim.step_time_s,
-            "limiter": sim.limiter,
-            "overlapped_step_s": overlapped.step_time_s,
+            "limiter": sim.limiter, "overlapped_step_s": overlapped.step_time_s,
             "backward_s": bwd_end - fwd_end, "serial_offload_s": step.grad_sync_total_s()
             + float((d2h.end_s - d2h.start_s).sum()), "gpu_alloc_gib": mem.gpu_allocated_peak / GIB,
             "host_gib": mem.host_total_gib(), "fits_host": mem.host_total <= hw.host.memory_gib * GIB}
