@@ -12,8 +12,8 @@ as in a fresh run; the gradients are freed between steps) and reports it beside 
 allocated`` is the fragmentation a card must hold on top of what the memory model counts. ``--deadline`` also stops
 a bisection under way (the row then says its cap is an upper bound).
 
-Runs the peers' GPU-resident system (benchmarks.peer_systems.run_resident: fp32 weights, bf16 autocast, the chunked
-loss, fused AdamW, clip). One row per batch in DIR/fit_probe.jsonl.
+Runs the peers' GPU-resident system (benchmarks.peer_systems.resident_trainer: fp32 weights, bf16 autocast, the
+chunked loss, fused AdamW, clip). One row per batch in DIR/fit_probe.jsonl.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import append_jsonl, log, oom_fields, require_cuda, synthetic_tokens
-from benchmarks.peer_setup import BETAS, CLIP, EPS, LR, build_lm, materialise_, wrap_with_loss
+from benchmarks.peer_systems import resident_trainer
 
 GIB = 2**30
 
@@ -66,26 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     total = torch.cuda.get_device_properties(0).total_memory
-    cfg, lm = build_lm(args.model, "cuda")
-    module = wrap_with_loss(lm)
-    module.to_empty(device="cuda")
-    materialise_(module, cfg, "cuda")
-    opt = torch.optim.AdamW(module.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0, fused=True)
-
-    def step(x, y) -> None:
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
-            loss = module(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(module.parameters(), CLIP)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    cfg, opt, step = resident_trainer(args.model, "cuda")
 
     # The moments exist from the first step on: allocate them unconstrained, as in a run's first step.
     tokens = synthetic_tokens(cfg.vocab_size, 1, args.seq).cuda()
     step(tokens[:, :-1], tokens[:, 1:])
     torch.cuda.synchronize()
     persistent = torch.cuda.memory_allocated()
-    context = torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0] - torch.cuda.memory_reserved()
+    free, device_total = torch.cuda.mem_get_info()
+    context = device_total - free - torch.cuda.memory_reserved()
     for batch in args.batches:
         if time.monotonic() - t_start > args.deadline:
             append_jsonl(out / "fit_probe.jsonl", {"model": args.model, "seq": args.seq, "batch": batch,

@@ -35,19 +35,16 @@ from benchmarks.peer_setup import (
 )
 
 
-def run_resident(args, emit) -> None:
-    """One GPU: plain training (fp32 weights, bf16 autocast, fused AdamW). Several: FSDP2 without offload."""
+def resident_trainer(model: str, device: str):
+    """One GPU's plain training (fp32 weights, bf16 autocast, AdamW fused on CUDA, global clipping): the model's
+    config, its optimizer and ``step(input_ids, labels)``, which returns the detached loss."""
     import torch
 
-    ranks = Ranks.from_env(args.device)
-    if ranks.world > 1:
-        run_fsdp2(args, emit, ranks, offload=False)
-        return
-    cfg, lm = build_lm(args.model, ranks.device)
+    cfg, lm = build_lm(model, device)
     module = wrap_with_loss(lm)
-    module.to_empty(device=ranks.device)
-    materialise_(module, cfg, ranks.device)
-    cuda = ranks.device.startswith("cuda")
+    module.to_empty(device=device)
+    materialise_(module, cfg, device)
+    cuda = device.startswith("cuda")
     opt = torch.optim.AdamW(module.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0, fused=cuda)
 
     def step(x, y):
@@ -59,8 +56,18 @@ def run_resident(args, emit) -> None:
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
+    return cfg, opt, step
+
+
+def run_resident(args, emit) -> None:
+    """One GPU: plain training (resident_trainer). Several: FSDP2 without offload."""
+    ranks = Ranks.from_env(args.device)
+    if ranks.world > 1:
+        run_fsdp2(args, emit, ranks, offload=False)
+        return
+    cfg, _, step = resident_trainer(args.model, ranks.device)
     time_batches("resident", args, ranks, cfg.vocab_size, step, emit,
-                 {"optimizer": "torch AdamW fused" if cuda else "torch AdamW"})
+                 {"optimizer": "torch AdamW fused" if ranks.device.startswith("cuda") else "torch AdamW"})
 
 
 def run_fsdp2_offload(args, emit) -> None:
