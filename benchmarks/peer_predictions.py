@@ -56,7 +56,8 @@ def predict(system: str, model: str, hw: HardwareProfile, seq: int, batch: int, 
             * GIB}
 
 
-def _err(pred: float, meas: float | None) -> str:
+def error_text(pred: float, meas: float | None) -> str:
+    """(predicted - measured) / measured as the comparison tables print it, "-" without a measurement."""
     return "-" if meas is None else f"{100 * (pred - meas) / meas:+.1f}%"
 
 
@@ -113,7 +114,8 @@ def comparison(sessions: list[Path], hw: HardwareProfile) -> str:
                     for n in names:
                         meas = ok[n]["step_time_s"] if n in ok else None
                         status = by_session[n].get("status") if n in by_session else None
-                        cells.append(f"{_s(meas) if meas is not None else (status or '-')} | {_err(p['step_s'], meas)}")
+                        shown_meas = _s(meas) if meas is not None else (status or "-")
+                        cells.append(f"{shown_meas} | {error_text(p['step_s'], meas)}")
                         if meas is not None and b <= 8:
                             errors.setdefault(label, []).append(abs(p["step_s"] - meas) / meas)
                     any_ok = next(iter(ok.values()), None)

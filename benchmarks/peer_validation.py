@@ -30,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import log, require_cuda
+from benchmarks.peer_predictions import error_text, predict
 from slidedp.report.peers import SIMULATED_AS
 
 DEFAULT_SYSTEMS = ("deepspeed-offload", "fsdp2-offload")
@@ -68,7 +69,6 @@ def calibrated_profile(how: str, base_name: str, out: Path):
 
 def main() -> int:
     from benchmarks import contention
-    from benchmarks.peer_predictions import predict
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="folder for the profile, predictions, results and comparison")
@@ -131,10 +131,6 @@ def main() -> int:
     return 0
 
 
-def _pct(pred: float, meas: float) -> str:
-    return f"{100 * (pred - meas) / meas:+.1f}%"
-
-
 def first_oom(per_batch: dict[int, bool]) -> str:
     """The first batch that ran out of GPU memory (``per_batch``: batch -> out of memory), or "none up to B"."""
     ooms = [b for b, oom in sorted(per_batch.items()) if oom]
@@ -165,7 +161,7 @@ def comparison(predictions: dict, contention_measured: dict, results: Path) -> s
         err = "-"
         if "step_s" in pred and meas:
             errors.setdefault(system, []).append(100 * (pred["step_s"] - meas) / meas)
-            err = _pct(pred["step_s"], meas)
+            err = error_text(pred["step_s"], meas)
         gpu = f"{pred['peak_gib']:.1f} / " if "peak_gib" in pred else "- / "
         gpu += f"{r['gpu_peak_gib']:.1f}" if isinstance(r.get("gpu_peak_gib"), (int, float)) else "-"
         host = f"{pred['host_gib']:.1f} / " if "host_gib" in pred else "- / "
@@ -187,7 +183,7 @@ def comparison(predictions: dict, contention_measured: dict, results: Path) -> s
         for key, p in predictions["contention"].items():
             m = contention_measured.get(key)
             if isinstance(p, float) and isinstance(m, float):
-                lines.append(f"| {key} | {p:.4f} | {m:.4f} | {_pct(p, m)} |")
+                lines.append(f"| {key} | {p:.4f} | {m:.4f} | {error_text(p, m)} |")
     return "\n".join(lines) + "\n"
 
 
