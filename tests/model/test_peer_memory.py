@@ -76,14 +76,15 @@ def test_gpu_peak_grows_with_batch_and_sharding_divides_resident_state():
     assert sharded.gpu_state == pytest.approx(one.gpu_state / 4)
 
 
-def _as_trained(model: str) -> ModelSpec:
-    """The model a measured peer row trained: the benchmark untied a tied head in the single-GPU resident system and
-    DeepSpeed until 2026-12-07 (``Module.to_empty``; benchmarks.peer_setup.materialise_ ties it again now)."""
-    from benchmarks.shape_validation import ARCHS
-    from slidedp.presets.models import MODEL_PRESETS
+def _as_trained(model: str, system: str) -> ModelSpec:
+    """The model a measured row of simulated ``system`` trained, by the benchmarks' own rule (before 2026-12-07 the
+    single-GPU resident system and DeepSpeed untied a tied head; FSDP2 kept it)."""
+    from benchmarks.peer_setup import spec_as_trained
+    from benchmarks.zero2_heldout import model_spec
+    from slidedp.report.peers import SIMULATED_AS
 
-    config = {**(MODEL_PRESETS.get(model) or ARCHS[model]), "tie_word_embeddings": False}
-    return ModelSpec.from_hf_config(config, name=f"{model}-untied")
+    measured = next(m for m, simulated in SIMULATED_AS.items() if simulated == system)
+    return spec_as_trained(model_spec(model), {"system": measured})
 
 
 @pytest.mark.parametrize("hardware, model, name, fits, oom", [
@@ -104,7 +105,7 @@ def _as_trained(model: str) -> ModelSpec:
 def test_out_of_memory_batches_are_the_measured_ones(hardware, model, name, fits, oom):
     """The first batch out of GPU memory, as measured, counting the caching allocator's fragmentation."""
     hw = load_hardware(hardware)
-    spec = load_model_spec(model) if name == "fsdp2-offload" else _as_trained(model)  # FSDP2 kept the tie
+    spec = _as_trained(model, name)
     budget = hw.gpu.memory_gib * GIB
     assert [b for b in fits + oom if _mem(name, spec, hw, 4096, b)[1].gpu_peak <= budget] == fits
 
@@ -120,7 +121,7 @@ def test_qwen3_8b_batch_8_fits_the_h200_as_it_ran():
 @pytest.mark.parametrize("model, batch", [("qwen3-4b", 8), ("llama3b", 16)])
 def test_the_allocators_fragmentation_is_what_tips_these_steps_out_of_an_h100(model, batch):
     hw = load_hardware("h100-sxm-x1")
-    mem = _mem("ddp-resident", _as_trained(model), hw, 4096, batch)[1]
+    mem = _mem("ddp-resident", _as_trained(model, "ddp-resident"), hw, 4096, batch)[1]
     assert mem.gpu_peak - mem.gpu_fragmentation <= hw.gpu.memory_gib * GIB < mem.gpu_peak
     assert mem.gpu_fragmentation == pytest.approx(ALLOCATOR_FRAGMENTATION * mem.gpu_transient)
 

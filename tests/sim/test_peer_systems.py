@@ -7,9 +7,10 @@ import dataclasses
 
 import pytest
 
+from benchmarks.peer_setup import spec_as_trained
 from slidedp.errors import SlideDPError
 from slidedp.hardware import load_hardware
-from slidedp.model_spec import ModelSpec, load_model_spec
+from slidedp.model_spec import load_model_spec
 from slidedp.peers import SYSTEMS, PeerStep, build_peer_plan, peer_step, peer_workload, simulate_peer
 from slidedp.peers.systems import (
     DEEPSPEED_CPU_ADAM,
@@ -19,7 +20,6 @@ from slidedp.peers.systems import (
     TORCH_CLIP_GRAD_NORM,
     TORCH_CLIP_GRAD_NORM_BF16,
 )
-from slidedp.presets.models import MODEL_PRESETS
 from tests.builders import free_machine, tiny_model, with_gpu, with_host, with_link
 
 RATES = {TORCH_ADAMW_FUSED: {1: 1.0, 8: 4.0}, DEEPSPEED_CPU_ADAM: {1: 1.5, 8: 5.0},
@@ -172,7 +172,7 @@ def test_host_memory_of_the_offloading_peers_includes_what_they_were_measured_to
     assert zero2.host_total / spec.total_params == pytest.approx(27.8)
     assert fsdp2.host_total / spec.total_params == pytest.approx(19.2)
     assert fsdp2.host_total_gib() == pytest.approx(73.7 - 1.6, rel=0.01)  # the measured RSS less the baseline
-    untied = ModelSpec.from_hf_config({**MODEL_PRESETS["qwen3-4b"], "tie_word_embeddings": False}, name="untied")
+    untied = spec_as_trained(spec, {"system": "deepspeed-offload"})
     as_trained = estimate_peer_memory(peer_step("zero2-offload", untied, hw, 4096, 1))
     assert as_trained.host_total_gib() == pytest.approx(115.9 - 1.6, rel=0.01)
     big = estimate_peer_memory(peer_step("zero2-offload", load_model_spec("qwen3-14b"), hw, 4096, 1))
