@@ -173,8 +173,8 @@ class LayerHostFloor:
 # backward phases of four models at batch 2 on lent H100 hosts, Xeon model 207 (benchmarks/RESULTS.md, seventeenth
 # session, c42-c44: Qwen3-0.6B, the Qwen3-1.7B and Llama-3.2-3B shapes, Qwen3-4B; within 3.5% forward, 7.6%
 # backward). Held out since (c45, eighteenth session: the Qwen2.5-3B shape and Mistral-w12, layers twice the fit's
-# largest): not refuted, Mistral's batch-1 phases within 5%. A floor per module call, fitted on Qwen3-4B alone, was refuted
-# (c43).
+# largest): not refuted, Mistral's batch-1 phases within 5%. A floor per module call, fitted on Qwen3-4B alone,
+# was refuted (c43).
 DEEPSPEED_ZERO3_LAYER_FLOOR = LayerHostFloor(forward_s=6.28e-3, forward_s_per_param=0.0517e-9,
                                              backward_s=11.3e-3, backward_s_per_param=0.1437e-9)
 
