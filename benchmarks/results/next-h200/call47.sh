@@ -21,8 +21,14 @@ export OUT
   > $OUT/c47_env.txt 2>&1
 timeout $(left 120) python3 -m benchmarks.gpu_fit_probe --out $OUT/c47 --model qwen3-4b --batches 8 1 4 \
   --deadline 90 > $OUT/c47_probe.log 2>&1
-timeout $(left 275) python3 -m benchmarks.peer_validation --out $OUT/c47pv --calibrate none \
-  --base benchmarks/results/h100-2026-12-07f/c45/mistral-w12/profile.yaml --systems deepspeed-offload \
-  --batches 1 4 8 --steps 3 --no-contention --phases --deadline 140 --timeout 140 > $OUT/c47pv.log 2>&1
+# Added 2026-12-07 16:50 UTC (nineteenth session, before the call): c45's host profile only where the host is c45's
+# (an H100 with Xeon model 207); on any other host the call calibrates its own host first, as c45 did.
+HOST=(--calibrate none --base benchmarks/results/h100-2026-12-07f/c45/mistral-w12/profile.yaml)
+{ nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 && lscpu | grep -qE "^Model:\s+207$"; } || {
+  BASE=h100-sxm-x1; nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && BASE=h200-x1
+  HOST=(--calibrate host --base $BASE); }
+echo "host: ${HOST[*]}" >> $OUT/c47_env.txt
+timeout $(left 330) python3 -m benchmarks.peer_validation --out $OUT/c47pv "${HOST[@]}" --systems deepspeed-offload \
+  --batches 1 4 8 --steps 3 --no-contention --phases --deadline 180 --timeout 180 > $OUT/c47pv.log 2>&1
 rm -rf $OUT/c47pv/peers
 echo "done at $(( $(date +%s) - T0 )) s" >> $OUT/c47_env.txt
