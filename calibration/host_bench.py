@@ -7,12 +7,20 @@ compact host-state mode against thread count (host.state_update_gparams_per_s).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
 from slidedp.calibration.fits import fit_link
 from slidedp.calibration.measurements import Measurements, Progress, median_time, torch_threads
+from slidedp.calibration.rate_checks import combine, spread, unsettled, warning
 from slidedp.errors import SlideDPError
+
+# Interleaved rounds of the host passes (timed_rounds): three full rounds let one busy round in three pass
+# without moving the median; up to two more re-time only the points still unsettled.
+HOST_ROUNDS = 3
+QUICK_ROUNDS = 2
+EXTRA_ROUNDS = 2
 
 
 def thread_counts(cores: int) -> list[int]:
@@ -46,6 +54,32 @@ def _adam_update(kernel, p: torch.Tensor, mom: torch.Tensor, var: torch.Tensor, 
     return update
 
 
+def timed_rounds(rates: dict[str, Callable[[], float]], counts: list[int], rounds: int, extra_rounds: int,
+                 progress: Progress | None = None) -> dict[str, dict[int, list[float]]]:
+    """Each benchmark's rate (``rates[name]()``, timed at the thread count set around it) at every count, in
+    ``rounds`` rounds that each visit every count once, so a busy minute touches one value of several points
+    rather than every value of one; then up to ``extra_rounds`` more rounds over the counts still unsettled
+    (calibration.rate_checks: spread between rounds, or a dip). Returns name -> threads -> one value per round."""
+    values: dict[str, dict[int, list[float]]] = {name: {t: [] for t in counts} for name in rates}
+
+    def one_round(threads_visited: list[int]) -> None:
+        for threads in threads_visited:
+            with torch_threads(threads):
+                for name, rate in rates.items():
+                    values[name][threads].append(rate())
+
+    for i in range(rounds):
+        one_round(counts)
+        if progress:
+            progress(i + 1, rounds)
+    for _ in range(extra_rounds):
+        redo = sorted({t for curve in values.values() for t in unsettled(curve)})
+        if not redo:
+            break
+        one_round(redo)
+    return values
+
+
 def host_benchmarks(quick: bool, progress: Progress | None = None) -> Measurements:
     from slidedp.calibration.cpu_topology import probe_layout
     from slidedp.runtime.cpu_adam import fused_kernel
@@ -63,13 +97,23 @@ def host_benchmarks(quick: bool, progress: Progress | None = None) -> Measuremen
     kernel = fused_kernel()
     update = _adam_update(kernel, p, mom, var, slot)
     counts = thread_counts(os.cpu_count() or 1)
-    for i, threads in enumerate(counts):
-        with torch_threads(threads):
-            m.stream_gbps[threads] = 2 * n * 4 / median_time(lambda: dst.copy_(src), repeats) / 1e9
-            m.cast_gelems_per_s[threads] = n / median_time(lambda: bf16.copy_(p), repeats) / 1e9
-            m.adam_gparams_per_s[threads] = n / median_time(update, repeats) / 1e9
-        if progress:
-            progress(i + 1, len(counts))
+    # Samples per point per round (their median is the round's value): --quick's passes take milliseconds, where
+    # thread wake-ups alone spread single samples by tens of percent.
+    per_round = 7 if quick else 2
+    rounds = timed_rounds({
+        "stream_gbps": lambda: 2 * n * 4 / median_time(lambda: dst.copy_(src), per_round) / 1e9,
+        "cast_gelems_per_s": lambda: n / median_time(lambda: bf16.copy_(p), per_round) / 1e9,
+        "adam_gparams_per_s": lambda: n / median_time(update, per_round) / 1e9,
+    }, counts, QUICK_ROUNDS if quick else HOST_ROUNDS, EXTRA_ROUNDS, progress)
+    m.stream_gbps, m.cast_gelems_per_s, m.adam_gparams_per_s = (
+        combine(rounds[name]) for name in ("stream_gbps", "cast_gelems_per_s", "adam_gparams_per_s"))
+    # The largest round-to-round spread of each pass, in percent: how settled the host was while it was timed.
+    m.report["host_round_spread_pct"] = {name: round(100 * max(spread(v) for v in curve.values()), 1)
+                                         for name, curve in rounds.items()}
+    line = warning({"DRAM stream": (rounds["stream_gbps"], "GB/s"), "cast": (rounds["cast_gelems_per_s"], "G/s"),
+                    "AdamW": (rounds["adam_gparams_per_s"], "G/s")})
+    if line:
+        m.report.setdefault("warnings", []).append(line)
     m.state_update_gparams_per_s = state_update_benchmarks(n, repeats, counts)
     m.adam_fused_cast = kernel is not None
     m.report["adam_kernel"] = "one-pass bf16 kernel" if kernel is not None else "torch fused AdamW (fp32 grads)"

@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 from slidedp.calibration.measurements import Measurements, Progress, median_time
+from slidedp.calibration.rate_checks import dips, warning
 from slidedp.peers.systems import (
     DEEPSPEED_CPU_ADAM,
     DEEPSPEED_CPU_ADAM_BF16,
@@ -106,6 +107,15 @@ def peer_adam_benchmarks(m: Measurements, quick: bool, thread_counts: list[int],
                     f"peer CPU AdamW {impl} at {threads} threads: {why}; not measured")
                 break  # a build or import failure fails every thread count alike
             curve[threads] = rate
+        retimed = dips(curve)  # interference only slows a pass down: re-time a dip once, keep the faster
+        for threads in retimed:
+            rate, _ = rate_in_subprocess(impl, threads, params, repeats)
+            curve[threads] = max(curve[threads], rate or 0.0)
+        if retimed:
+            m.report.setdefault("peer_adam_retimed", {})[impl] = retimed
+        line = warning({impl: ({t: [v] for t, v in curve.items()}, "G params/s")})
+        if line:
+            m.report.setdefault("warnings", []).append(line)
         if curve:
             m.peer_adam_gparams_per_s[impl] = curve
     m.report["peer_adam_gparams_per_s"] = m.peer_adam_gparams_per_s
