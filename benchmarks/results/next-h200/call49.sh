@@ -1,5 +1,5 @@
 # Device call for #14 (nineteenth session): is the host calibration repeatable, and does ZeRO-2-Offload's model
-# hold with a calibration taken in the same call? Written 2026-12-07 ~17:55 UTC on the development machine, before
+# hold with a calibration taken in the same call? Written 2026-12-07 16:59 UTC on the development machine, before
 # the call, after c47/c48 (benchmarks/RESULTS.md, "Nineteenth session"): three host calibrations of one H100 host
 # model differed by up to 59% (stream) and 44% (DeepSpeedCPUAdam); with c42a's the ZeRO-2/3 rows were within 10%
 # (11 of 12), with c45's 2-21% slow.
