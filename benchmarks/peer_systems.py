@@ -35,10 +35,13 @@ from benchmarks.peer_setup import (
 )
 
 
-def resident_trainer(model: str, device: str):
+def resident_trainer(model: str, device: str, clock: PhaseClock | None = None):
     """One GPU's plain training (fp32 weights, bf16 autocast, AdamW fused on CUDA, global clipping): the model's
-    config, its optimizer and ``step(input_ids, labels)``, which returns the detached loss."""
+    config, its optimizer and ``step(input_ids, labels)``, which returns the detached loss; ``clock`` (--phases)
+    times its forward, backward, clip, optimizer and zero_grad."""
     import torch
+
+    clock = clock or PhaseClock(False, False)
 
     cfg, lm = build_lm(model, device)
     module = wrap_with_loss(lm)
@@ -48,12 +51,18 @@ def resident_trainer(model: str, device: str):
     opt = torch.optim.AdamW(module.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0, fused=cuda)
 
     def step(x, y):
+        clock.start()
         with torch.autocast(device_type="cuda" if cuda else "cpu", dtype=torch.bfloat16):
             loss = module(x, y)
+        clock.mark("forward")
         loss.backward()
+        clock.mark("backward")
         torch.nn.utils.clip_grad_norm_(module.parameters(), CLIP)
+        clock.mark("clip")
         opt.step()
+        clock.mark("optimizer")
         opt.zero_grad(set_to_none=True)
+        clock.mark("zero_grad")
         return loss.detach()
 
     return cfg, opt, step
@@ -65,9 +74,10 @@ def run_resident(args, emit) -> None:
     if ranks.world > 1:
         run_fsdp2(args, emit, ranks, offload=False)
         return
-    cfg, _, step = resident_trainer(args.model, ranks.device)
+    clock = PhaseClock(getattr(args, "phases", False), ranks.device.startswith("cuda"))
+    cfg, _, step = resident_trainer(args.model, ranks.device, clock)
     time_batches("resident", args, ranks, cfg.vocab_size, step, emit,
-                 {"optimizer": "torch AdamW fused" if ranks.device.startswith("cuda") else "torch AdamW"})
+                 {"optimizer": "torch AdamW fused" if ranks.device.startswith("cuda") else "torch AdamW"}, clock=clock)
 
 
 def run_fsdp2_offload(args, emit) -> None:

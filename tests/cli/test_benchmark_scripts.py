@@ -29,6 +29,28 @@ def test_peers_chunked_loss_equals_full_cross_entropy():
     assert "self-check ok" in proc.stdout
 
 
+def test_the_resident_trainer_times_its_phases_when_asked(tiny_config):
+    """--phases for the single-GPU GPU-resident peer: each step's forward, backward, clip, optimizer and zero_grad,
+    and nothing recorded without it (benchmarks/RESULTS.md, call49: where its fixed part goes)."""
+    import torch
+
+    from benchmarks.peer_setup import PhaseClock
+    from benchmarks.peer_systems import resident_trainer
+
+    x = torch.randint(0, 97, (2, 16))
+    clock = PhaseClock(True, cuda=False)
+    _, _, step = resident_trainer(str(tiny_config), "cpu", clock)
+    for _ in range(3):
+        step(x, x)
+    assert len(clock.steps) == 3
+    assert set(clock.medians()) == {"forward", "backward", "clip", "optimizer", "zero_grad"}
+    assert all(v > 0 for v in clock.medians().values())
+    silent = PhaseClock(False, cuda=False)
+    _, _, step = resident_trainer(str(tiny_config), "cpu", silent)
+    step(x, x)
+    assert silent.steps == []
+
+
 @pytest.mark.slow
 def test_peer_compare_runs_every_cpu_capable_system(tmp_path, tiny_config):
     out = tmp_path / "peers"

@@ -12,6 +12,10 @@
 #    3.616 / 5.266). Refuted if any row is off by more than 10% while A reported no warning.
 # 3. B: the host passes alone again (host_benchmarks, full size) after the runs: stream / cast / AdamW within 15%
 #    of A's at every thread count unless a warning says why.
+# 4. (added 17:10 UTC, before the call) GPU-resident, the tied Qwen3-4B, batch 1 2 4, phases: where its step's
+#    fixed part goes. Its batch-1 rows are over-predicted on both cards (H100 c48 +16.4%, H200 +5.2%) while the
+#    per-batch slope is right on the H100 (0.407 s predicted, 0.415 measured): the modelled intercept (0.217 s on
+#    the H100, of which the GPU AdamW at the preset's derived 50 G params/s is 80 ms) is about 0.1 s high.
 # Carry .whl. Run: bash benchmarks/results/next-h200/call49.sh
 source benchmarks/results/h200-2026-12-04/setup.sh
 export OUT
@@ -26,6 +30,10 @@ timeout $(left 450) python3 -m benchmarks.peer_validation --out $OUT/c49/zero2 -
   --base $OUT/c49/host_a.yaml --systems deepspeed-offload --batches 1 4 8 --steps 3 --no-contention --phases \
   --deadline 170 --timeout 170 > $OUT/c49_zero2.log 2>&1
 rm -rf $OUT/c49/zero2/peers
+timeout $(left 470) python3 -m benchmarks.peer_validation --out $OUT/c49/resident --calibrate none \
+  --base $OUT/c49/host_a.yaml --systems resident --batches 1 2 4 --steps 4 --no-contention --phases \
+  --deadline 80 --timeout 80 > $OUT/c49_resident.log 2>&1
+rm -rf $OUT/c49/resident/peers
 echo "runs done at $(( $(date +%s) - T0 )) s" >> $OUT/c49_env.txt
 timeout $(left 580) python3 -c "
 import json
