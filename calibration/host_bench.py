@@ -59,24 +59,25 @@ def timed_rounds(rates: dict[str, Callable[[], float]], counts: list[int], round
     """Each benchmark's rate (``rates[name]()``, timed at the thread count set around it) at every count, in
     ``rounds`` rounds that each visit every count once, so a busy minute touches one value of several points
     rather than every value of one; then up to ``extra_rounds`` more rounds over the counts still unsettled
-    (calibration.rate_checks: spread between rounds, or a dip). Returns name -> threads -> one value per round."""
+    (calibration.rate_checks.judge: rounds that disagree, or a dip). Returns name -> threads -> one value per round."""
     values: dict[str, dict[int, list[float]]] = {name: {t: [] for t in counts} for name in rates}
 
-    def one_round(threads_visited: list[int]) -> None:
-        for threads in threads_visited:
+    for i in range(rounds):
+        for threads in counts:
             with torch_threads(threads):
                 for name, rate in rates.items():
                     values[name][threads].append(rate())
-
-    for i in range(rounds):
-        one_round(counts)
         if progress:
             progress(i + 1, rounds)
     for _ in range(extra_rounds):
-        redo = sorted({t for curve in values.values() for t in unsettled(curve)})
-        if not redo:
+        redo = {name: unsettled(curve) for name, curve in values.items()}
+        if not any(redo.values()):
             break
-        one_round(redo)
+        for threads in sorted({t for ts in redo.values() for t in ts}):
+            with torch_threads(threads):
+                for name in rates:
+                    if threads in redo[name]:  # only what is unsettled: a settled pass keeps its rounds
+                        values[name][threads].append(rates[name]())
     return values
 
 
@@ -100,13 +101,17 @@ def host_benchmarks(quick: bool, progress: Progress | None = None) -> Measuremen
     # Samples per point per round (their median is the round's value): --quick's passes take milliseconds, where
     # thread wake-ups alone spread single samples by tens of percent.
     per_round = 7 if quick else 2
+    base_rounds = QUICK_ROUNDS if quick else HOST_ROUNDS
     rounds = timed_rounds({
         "stream_gbps": lambda: 2 * n * 4 / median_time(lambda: dst.copy_(src), per_round) / 1e9,
         "cast_gelems_per_s": lambda: n / median_time(lambda: bf16.copy_(p), per_round) / 1e9,
         "adam_gparams_per_s": lambda: n / median_time(update, per_round) / 1e9,
-    }, counts, QUICK_ROUNDS if quick else HOST_ROUNDS, EXTRA_ROUNDS, progress)
+    }, counts, base_rounds, EXTRA_ROUNDS, progress)
     m.stream_gbps, m.cast_gelems_per_s, m.adam_gparams_per_s = (
         combine(rounds[name]) for name in ("stream_gbps", "cast_gelems_per_s", "adam_gparams_per_s"))
+    # The points timed in more rounds than the first ones (re-timed as unsettled), per pass.
+    m.report["host_retimed"] = {name: [t for t, v in curve.items() if len(v) > base_rounds]
+                                for name, curve in rounds.items()}
     # The largest round-to-round spread of each pass, in percent: how settled the host was while it was timed.
     m.report["host_round_spread_pct"] = {name: round(100 * max(spread(v) for v in curve.values()), 1)
                                          for name, curve in rounds.items()}

@@ -109,15 +109,20 @@ def peer_adam_benchmarks(m: Measurements, quick: bool, thread_counts: list[int],
             curve[threads] = rate
         retimed = dips(curve)  # interference only slows a pass down: re-time a dip once, keep the faster
         for threads in retimed:
-            rate, _ = rate_in_subprocess(impl, threads, params, repeats)
-            curve[threads] = max(curve[threads], rate or 0.0)
+            rate, why = rate_in_subprocess(impl, threads, params, repeats)
+            if rate is None:
+                m.report.setdefault("warnings", []).append(
+                    f"peer CPU AdamW {impl} at {threads} threads, timed again for a dip: {why}; kept the first timing")
+                continue
+            curve[threads] = max(curve[threads], rate)
         if retimed:
             m.report.setdefault("peer_adam_retimed", {})[impl] = retimed
-        line = warning({impl: ({t: [v] for t, v in curve.items()}, "G params/s")})
-        if line:
-            m.report.setdefault("warnings", []).append(line)
         if curve:
             m.peer_adam_gparams_per_s[impl] = curve
+    line = warning({impl: ({t: [v] for t, v in curve.items()}, "G params/s")
+                    for impl, curve in m.peer_adam_gparams_per_s.items()})
+    if line:
+        m.report.setdefault("warnings", []).append(line)
     m.report["peer_adam_gparams_per_s"] = m.peer_adam_gparams_per_s
 
 

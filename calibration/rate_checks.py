@@ -8,8 +8,8 @@ the machine's:
 - **a dip**: a rate bound by DRAM or by cores is concave in the thread count (each added thread adds no more than
   the one before), so a point well below the line through its neighbours was measured while something else ran
   (that calibration's 4-thread stream rate: 23.4 GB/s between 22.2 at 2 threads and 43.2 at 8);
-- **spread across rounds**: the same point timed in rounds interleaved with the others' differs by more than
-  timing noise.
+- **rounds that disagree**: the same point, timed in rounds interleaved with the others', has half or more of its
+  rounds more than 15% from its median (a minority of busy rounds is outvoted by the median and by re-timing).
 
 The host benchmarks time every point in interleaved rounds and take each point's median over rounds, re-time
 (bounded) the points that fail either check, and warn with one line where a failure persists, so ``slidedp
@@ -21,10 +21,14 @@ slows a pass down).
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
+
+from slidedp.errors import first_few
 
 # A point more than this fraction below the line through its neighbours is a dip.
 DIP_TOLERANCE = 0.10
-# Round-to-round spread (max / min - 1 of one point's round values) above which a point is not credible.
+# A round more than this fraction from its point's median is off; a point with half or more of its rounds off
+# is not settled (a minority of busy rounds does not move the median, and re-timing can outvote them).
 SPREAD_LIMIT = 0.15
 
 
@@ -42,17 +46,19 @@ def dips(curve: dict[int, float], tolerance: float = DIP_TOLERANCE) -> list[int]
 
 
 def spread(values: list[float]) -> float:
-    """max / min - 1 of one point's values over rounds (0 for fewer than two)."""
-    if len(values) < 2 or min(values) <= 0:
+    """max / min - 1 of one point's values over rounds (0 for fewer than two; inf where one is not positive):
+    what the report shows of how settled the host was."""
+    if len(values) < 2:
         return 0.0
-    return max(values) / min(values) - 1
+    return max(values) / min(values) - 1 if min(values) > 0 else float("inf")
 
 
-def unsettled(rounds: dict[int, list[float]], limit: float = SPREAD_LIMIT) -> list[int]:
-    """Thread counts whose round values spread more than ``limit``, or whose combined rate is a dip."""
-    combined = {t: statistics.median(v) for t, v in rounds.items() if v}
-    bad = {t for t, v in rounds.items() if spread(v) > limit} | set(dips(combined))
-    return sorted(bad)
+def rounds_off(values: list[float], limit: float = SPREAD_LIMIT) -> int:
+    """Rounds more than ``limit`` from the median of ``values`` (every one, where the median is not positive)."""
+    middle = statistics.median(values)
+    if middle <= 0:
+        return len(values)
+    return sum(abs(v / middle - 1) > limit for v in values)
 
 
 def combine(rounds: dict[int, list[float]]) -> dict[int, float]:
@@ -60,21 +66,47 @@ def combine(rounds: dict[int, list[float]]) -> dict[int, float]:
     return {t: statistics.median(v) for t, v in sorted(rounds.items()) if v}
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What is not credible in one curve: points whose rounds disagree (threads -> rounds off, rounds), and
+    points of the combined curve that dip below their neighbours."""
+
+    scattered: dict[int, tuple[int, int]]
+    dipped: list[int]
+
+    @property
+    def unsettled(self) -> list[int]:
+        return sorted(set(self.scattered) | set(self.dipped))
+
+
+def judge(rounds: dict[int, list[float]], limit: float = SPREAD_LIMIT,
+          tolerance: float = DIP_TOLERANCE) -> Verdict:
+    """The one rule both the re-timing (which points to time again) and the warning (what to name) apply."""
+    scattered = {}
+    for t, values in rounds.items():
+        if len(values) >= 2 and 2 * (off := rounds_off(values, limit)) >= len(values):
+            scattered[t] = (off, len(values))
+    return Verdict(scattered, dips(combine(rounds), tolerance))
+
+
+def unsettled(rounds: dict[int, list[float]]) -> list[int]:
+    """Thread counts to time again: their rounds disagree, or their combined rate is a dip."""
+    return judge(rounds).unsettled
+
+
 def _threads(t: int) -> str:
     return f"{t} thread" + ("" if t == 1 else "s")
 
 
 def problems(rounds: dict[int, list[float]], unit: str) -> str | None:
-    """What is not credible in one curve (its spread between rounds, its dips), or None."""
-    combined = combine(rounds)
-    spreads = {t: spread(v) for t, v in rounds.items() if spread(v) > SPREAD_LIMIT}
-    low = dips(combined)
+    """What is not credible in one curve (rounds that disagree, dips), at most three points of each, or None."""
+    verdict, combined = judge(rounds), combine(rounds)
     parts = []
-    if spreads:
-        parts.append(", ".join(f"{100 * s:.0f}% at {_threads(t)}" for t, s in sorted(spreads.items()))
-                     + " between rounds")
-    if low:
-        parts.append("a dip at " + ", ".join(f"{_threads(t)} ({combined[t]:.3g} {unit})" for t in low))
+    if verdict.scattered:
+        parts.append(first_few([f"{off} of {n} rounds off the median at {_threads(t)}"
+                                for t, (off, n) in sorted(verdict.scattered.items())]))
+    if verdict.dipped:
+        parts.append("a dip at " + first_few([f"{_threads(t)} ({combined[t]:.3g} {unit})" for t in verdict.dipped]))
     return "; ".join(parts) or None
 
 

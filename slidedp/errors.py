@@ -32,3 +32,8 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+def first_few(labels: list[str], shown: int = 3) -> str:
+    """What a one-line message is about, as the first ``shown`` and a count of the rest: one line however many."""
+    return ", ".join(labels[:shown]) + (f" and {len(labels) - shown} more" if len(labels) > shown else "")

@@ -9,6 +9,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from slidedp.errors import first_few
+
 if TYPE_CHECKING:
     from slidedp.calibration.from_run import RunRecord
     from slidedp.hardware import HardwareProfile
@@ -28,18 +30,13 @@ def print_warning(line: str) -> None:
     Console(stderr=True).print(f"slidedp: warning: {line}", highlight=False, soft_wrap=True, markup=False)
 
 
-def _first_names(labels: list[str]) -> str:
-    """The runs a warning is about, as the first three and a count of the rest: one line however many."""
-    return ", ".join(labels[:3]) + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")
-
-
 def cpu_runs_warning(records: list[RunRecord], hw: HardwareProfile) -> str | None:
     """One warning line where runs measured on the CPU are judged against a profile of a GPU host: their errors
     say how far this CPU is from that host, not how good the profile is."""
     cpu = [r.label for r in records if r.measured_on_cpu]
     if not cpu:
         return None
-    return (f"{_first_names(cpu)} ran on the CPU: {hw.name} prices a GPU host, so these errors measure the difference "
+    return (f"{first_few(cpu)} ran on the CPU: {hw.name} prices a GPU host, so these errors measure the difference "
             f"between the two, not the profile")
 
 
@@ -51,7 +48,7 @@ def more_ranks_warning(records: list[RunRecord], hw: HardwareProfile) -> str | N
     if not wide:
         return None
     most = max(r.ranks for r in wide)
-    return (f"{_first_names([r.label for r in wide])} ran {most if len(wide) == 1 else f'up to {most}'} ranks, "
+    return (f"{first_few([r.label for r in wide])} ran {most if len(wide) == 1 else f'up to {most}'} ranks, "
             f"more than {hw.name}'s {hw.num_gpus} GPU(s): predicted as if the machine had a GPU per rank, each with "
             f"its own PCIe link")
 
