@@ -17,10 +17,11 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.common import log
-from benchmarks.peer_predictions import error_text, predict
+from benchmarks.common import log, read_jsonl
+from benchmarks.peer_predictions import error_summary, error_text, predict
 from benchmarks.peer_setup import spec_as_trained
 from benchmarks.shape_validation import ARCHS
+from slidedp.errors import SlideDPError
 from slidedp.hardware import HardwareProfile, load_hardware
 from slidedp.model_spec import ModelSpec, load_model_spec
 from slidedp.peers.systems import DEEPSPEED_CPU_ADAM
@@ -33,7 +34,7 @@ def row_spec(row: dict) -> ModelSpec:
     if model.endswith(".json") and not Path(model).exists():
         stem = Path(model).stem
         if stem not in ARCHS:
-            raise SystemExit(f"{model}: not on this machine and not a benchmarks.shape_validation.ARCHS name")
+            raise SlideDPError(f"{model}: not on this machine and not a benchmarks.shape_validation.ARCHS name")
         spec = ModelSpec.from_hf_config(ARCHS[stem], name=stem)
     else:
         spec = load_model_spec(model)
@@ -41,28 +42,36 @@ def row_spec(row: dict) -> ModelSpec:
 
 
 def measured_rows(runs: list[Path]) -> list[dict]:
+    """The ``ok`` rows of peer systems the simulator models, each labelled with its run (the results file's
+    two parent folders, e.g. ``c48/zero3``)."""
     rows = []
     for path in runs:
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
+        label = "/".join(path.resolve().parent.parts[-2:])
+        for row in read_jsonl(path):
             if row.get("status") == "ok" and row.get("system") in SIMULATED_AS:
-                rows.append({**row, "run": path.parent.name})
+                missing = {"model", "seq", "batch", "step_time_s"} - set(row)
+                if missing:
+                    raise SlideDPError(f"{path}: a row lacks {', '.join(sorted(missing))}")
+                rows.append({**row, "run": label})
     return rows
 
 
 def host_rates(hw: HardwareProfile) -> str:
-    """The host rates a CPU-bound peer's prediction rests on, at the host's largest thread count."""
+    """The host rates a CPU-bound peer's prediction rests on, each at its curve's largest thread count."""
     h = hw.host
-    threads = max(h.stream_gbps)
+    stream_threads = max(h.stream_gbps)
+    text = f"stream {h.stream_gbps[stream_threads]:.0f} GB/s at {stream_threads} threads"
     ds = h.peer_adam_gparams_per_s.get(DEEPSPEED_CPU_ADAM, {})
-    ds_rate = f"{ds[max(ds)]:.2f}" if ds else "-"
-    return f"stream {h.stream_gbps[threads]:.0f} GB/s, DeepSpeedCPUAdam {ds_rate} G/s at {threads} threads"
+    if ds:
+        text += f", DeepSpeedCPUAdam {ds[max(ds)]:.2f} G params/s at {max(ds)}"
+    return text
 
 
-def spread_table(profiles: list[Path], rows: list[dict]) -> str:
+def spread_table(profiles: list[str], rows: list[dict]) -> str:
+    """Per profile: its host rates, every row predicted with it and its error, and each system's summary."""
     lines = []
     for profile in profiles:
-        hw = load_hardware(str(profile))
+        hw = load_hardware(profile)
         errors: dict[str, list[float]] = {}
         lines += ["", f"### {profile} ({host_rates(hw)})", "",
                   "| run | model as trained | system | batch | predicted s | measured s | error |",
@@ -70,30 +79,30 @@ def spread_table(profiles: list[Path], rows: list[dict]) -> str:
         for row in rows:
             spec = row_spec(row)
             pred = predict(SIMULATED_AS[row["system"]], row["model"], hw, row["seq"], row["batch"], spec)
-            step = pred.get("step_s")
+            step, measured = pred.get("step_s"), row["step_time_s"]
             if step is not None:
-                errors.setdefault(row["system"], []).append(abs(step / row["step_time_s"] - 1))
+                errors.setdefault(row["system"], []).append(100 * (step - measured) / measured)
             lines.append(f"| {row['run']} | {spec.name} | {row['system']} | {row['batch']} | "
-                         f"{'-' if step is None else f'{step:.3f}'} | {row['step_time_s']:.3f} | "
-                         f"{error_text(step, row['step_time_s']) if step is not None else pred.get('refused', '-')} |")
-        lines.append("")
-        for system, errs in errors.items():
-            lines.append(f"- {system}: MAPE {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%, "
-                         f"{sum(e <= 0.10 for e in errs)} of {len(errs)} within 10%")
+                         f"{'-' if step is None else f'{step:.3f}'} | {measured:.3f} | "
+                         f"{error_text(step, measured) if step is not None else pred.get('refused', '-')} |")
+        lines += [""] + [error_summary(system, errs) for system, errs in errors.items()]
     return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profiles", nargs="+", type=Path, required=True, help="hardware profile files or presets")
+    parser.add_argument("--profiles", nargs="+", required=True, help="hardware profile files or presets")
     parser.add_argument("--runs", nargs="+", type=Path, required=True, help="results.jsonl files of peer runs")
     parser.add_argument("--out", type=Path, help="also write the tables here")
     args = parser.parse_args()
-    missing = [p for p in args.runs if not p.is_file()]
-    if missing:
-        print(f"no such results file: {missing[0]}", file=sys.stderr)
+    try:
+        missing = [p for p in args.runs if not p.is_file()]
+        if missing:
+            raise SlideDPError(f"no such results file: {missing[0]}")
+        text = spread_table(args.profiles, measured_rows(args.runs))
+    except (SlideDPError, json.JSONDecodeError) as exc:
+        print(f"host_profile_spread: {exc}", file=sys.stderr)
         return 2
-    text = spread_table(args.profiles, measured_rows(args.runs))
     print(text)
     if args.out:
         args.out.write_text(text + "\n")

@@ -61,6 +61,15 @@ def error_text(pred: float, meas: float | None) -> str:
     return "-" if meas is None else f"{100 * (pred - meas) / meas:+.1f}%"
 
 
+def error_summary(system: str, errors_pct: list[float]) -> str:
+    """One system's signed errors (percent) as the comparisons summarise them: MAPE, the worst with its sign, and
+    how many are within 10% as the tables print them (one decimal)."""
+    worst = max(errors_pct, key=abs)
+    within = sum(abs(round(e, 1)) <= 10 for e in errors_pct)
+    return (f"- {system}: MAPE {sum(map(abs, errors_pct)) / len(errors_pct):.1f}%, worst {worst:+.1f}%, "
+            f"{within} of {len(errors_pct)} within 10%")
+
+
 def _s(v: float | None, spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
 

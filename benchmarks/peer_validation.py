@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import log, require_cuda
-from benchmarks.peer_predictions import error_text, predict
+from benchmarks.peer_predictions import error_summary, error_text, predict
 from slidedp.report.peers import SIMULATED_AS
 
 DEFAULT_SYSTEMS = ("deepspeed-offload", "fsdp2-offload")
@@ -169,11 +169,7 @@ def comparison(predictions: dict, contention_measured: dict, results: Path) -> s
         lines.append(f"| {system} | {batch} | {predicted} | {f'{meas:.3f}' if meas else r.get('status')} | {err} "
                      f"| {gpu} | {host} |")
     lines.append("")
-    for system, errs in errors.items():
-        worst = max(errs, key=abs)
-        within = sum(abs(round(e, 1)) <= 10 for e in errs)  # as the table shows them
-        lines.append(f"- {system}: MAPE {sum(map(abs, errs)) / len(errs):.1f}%, worst {worst:+.1f}%, "
-                     f"{within} of {len(errs)} within 10%")
+    lines += [error_summary(system, errs) for system, errs in errors.items()]
     lines += ["", "| system | first batch out of GPU memory, predicted | measured |", "|---|---|---|"]
     for system in oom_meas:
         predicted = first_oom(oom_pred[system]) if system in oom_pred else "- (not predicted)"

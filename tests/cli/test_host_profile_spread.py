@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks import host_profile_spread as spread
 from benchmarks.peer_predictions import predict
+from slidedp.errors import SlideDPError
 from slidedp.hardware import load_hardware
 from slidedp.model_spec import ModelSpec
 from slidedp.peers.systems import DEEPSPEED_CPU_ADAM
@@ -47,18 +48,25 @@ def test_rows_are_predicted_per_profile_as_the_model_they_trained(tmp_path, monk
     out = capsys.readouterr().out
     blocks = out.split("### ")[1:]
     ds_rate = max(load_hardware("h200-x1").host.peer_adam_gparams_per_s[DEEPSPEED_CPU_ADAM].values())
-    assert len(blocks) == 2 and f"DeepSpeedCPUAdam {ds_rate:.2f}" in blocks[0]
-    assert "| +5.0% |" in blocks[0] and "deepspeed-offload: MAPE 5.0%, worst 5.0%, 1 of 1 within 10%" in blocks[0]
+    assert len(blocks) == 2 and f"DeepSpeedCPUAdam {ds_rate:.2f} G params/s" in blocks[0]
+    assert "| +5.0% |" in blocks[0] and "deepspeed-offload: MAPE 5.0%, worst +5.0%, 1 of 1 within 10%" in blocks[0]
     slower = float(blocks[1].split("| qwen25-3b (head untied) | deepspeed-offload | 1 | ")[1].split(" |")[0])
     assert slower > expected * 1.2  # a host half as fast predicts the CPU-bound step much slower
     assert out.count("qwen25-3b (head untied)") == 2  # the out-of-memory row is not predicted
 
 
 def test_an_unknown_config_and_a_missing_results_file_are_one_line(tmp_path, monkeypatch, capsys):
-    with pytest.raises(SystemExit, match="not on this machine"):
+    with pytest.raises(SlideDPError, match="not on this machine"):
         spread.row_spec({"model": "/tmp/nowhere/not-an-arch.json", "system": "resident"})
     monkeypatch.setattr(sys, "argv", ["host_profile_spread", "--profiles", "h200-x1", "--runs",
                                       str(tmp_path / "none.jsonl")])
     assert spread.main() == 2
-    assert capsys.readouterr().err.startswith("no such results file")
+    assert capsys.readouterr().err.startswith("host_profile_spread: no such results file")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"system": "resident", "status": "ok"}\n')
+    for argv in (["--profiles", "no-such-profile", "--runs", str(bad)], ["--profiles", "h200-x1", "--runs", str(bad)]):
+        monkeypatch.setattr(sys, "argv", ["host_profile_spread", *argv])
+        assert spread.main() == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("host_profile_spread: ")
     assert isinstance(spread.row_spec({"model": "qwen3-0.6b", "system": "fsdp2-offload"}), ModelSpec)
