@@ -1,4 +1,4 @@
-# A cut of call51 for this session's last 367 s of device time (written 2026-12-07 17:52 UTC, before the call):
+# A cut of call51 for this session's last 367 s of device time (written 2026-12-07 17:48 UTC, before the call; committed fc1ad1b):
 # ZeRO-2-Offload `--batches 1 4 1` and GPU-resident `--batches 1 2 1` on the tied Qwen3-4B, predicted from call49's
 # host calibration A (an H100 host of the same model; the question is the two batch-1 rows, not the host).
 # Hypothesis (call51's): each system's second batch-1 row is within 5% of its prediction while the first misses as
