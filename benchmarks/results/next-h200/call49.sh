@@ -12,7 +12,7 @@
 #    3.616 / 5.266). Refuted if any row is off by more than 10% while A reported no warning.
 # 3. B: the host passes alone again (host_benchmarks, full size) after the runs: stream / cast / AdamW within 15%
 #    of A's at every thread count unless a warning says why.
-# 4. (added 17:10 UTC, before the call) GPU-resident, the tied Qwen3-4B, batch 1 2 4, phases: where its step's
+# 4. (added 17:04 UTC, before the call) GPU-resident, the tied Qwen3-4B, batch 1 2 4, phases: where its step's
 #    fixed part goes. Its batch-1 rows are over-predicted on both cards (H100 c48 +16.4%, H200 +5.2%) while the
 #    per-batch slope is right on the H100 (0.407 s predicted, 0.415 measured): the modelled intercept (0.217 s on
 #    the H100, of which the GPU AdamW at the preset's derived 50 G params/s is 80 ms) is about 0.1 s high.
