@@ -32,6 +32,16 @@ GRAD_SYNC_OP = "grad_sync"
 # HBM bytes per parameter of the GPU AdamW that GPUSpec.adam_gparams_per_s times (its comment: about HBM bandwidth
 # / 40 B per parameter): the HBM bandwidth of a profile without shape-aware compute curves.
 GPU_ADAM_HBM_BYTES = 40
+# The GPU-resident peers' optimizer step after backward, as torch runs it over fp32 state: clip_grad_norm_ reads
+# each gradient for the norm and reads and writes it to scale (12 B per parameter), fused AdamW reads weight,
+# gradient and both moments and writes weight and moments (28 B). Priced as memory-bound passes: on the H100
+# preset's memory rate 20.6 and 48.0 ms for Qwen3-4B's 4.02 G parameters, measured 22-23 and 44-46 ms on an H100
+# (benchmarks/RESULTS.md, nineteenth session, c49 and c52 --phases). Together GPU_ADAM_HBM_BYTES, so a profile
+# without compute curves prices the step at its adam_gparams_per_s as before.
+GPU_CLIP_HBM_BYTES = 12
+GPU_FUSED_ADAMW_HBM_BYTES = 28
+GPU_OPTIMIZER_OP = "gpu_optimizer"
+GPU_OPTIMIZER_KERNELS = 3  # the norm, the scale, the update: multi-tensor launches over every tensor at once
 
 
 def unit_tensors(model: ModelSpec, kind: str) -> int:
@@ -43,11 +53,11 @@ def unit_tensors(model: ModelSpec, kind: str) -> int:
     return 1
 
 
-def gpu_memory_pass_seconds(gpu: GPUSpec, nbytes: float, kernels: float) -> float:
+def gpu_memory_pass_seconds(gpu: GPUSpec, nbytes: float, kernels: float, op: str = GRAD_SYNC_OP) -> float:
     """Memory-bound GPU passes moving ``nbytes`` through HBM in ``kernels`` launches, priced as the compute model
     prices its elementwise ops; a profile without compute curves has only its GPU AdamW rate to give a bandwidth."""
     if gpu.compute is not None:
-        return gpu.compute.elementwise_seconds(Elementwise(GRAD_SYNC_OP, nbytes, kernels))
+        return gpu.compute.elementwise_seconds(Elementwise(op, nbytes, kernels))
     return nbytes / (gpu.adam_gparams_per_s * 1e9 * GPU_ADAM_HBM_BYTES)
 
 
@@ -209,9 +219,12 @@ class PeerStep:
         return self.w.hw.host.cast_rate(self.w.adam_threads) * self.system.cast_bytes
 
     def gpu_adam_s(self) -> float:
+        """Seconds of the GPU-resident optimizer step after backward: the global-norm clip and fused AdamW over
+        the rank's fp32 state, as memory-bound passes (GPU_CLIP_HBM_BYTES + GPU_FUSED_ADAMW_HBM_BYTES)."""
         if self.system.updates_on_cpu:
             return 0.0
-        return self.params_per_rank / (self.w.hw.gpu.adam_gparams_per_s * 1e9)
+        nbytes = (GPU_CLIP_HBM_BYTES + GPU_FUSED_ADAMW_HBM_BYTES) * self.params_per_rank
+        return gpu_memory_pass_seconds(self.w.hw.gpu, nbytes, GPU_OPTIMIZER_KERNELS, GPU_OPTIMIZER_OP)
 
     # ---- the gradient offload in series with backward (PeerSystem.serial_grad_copy) ---------------------------
     def grad_sync_s(self, u: int) -> float:
