@@ -7,7 +7,7 @@ Each ``ok`` row of each ``results.jsonl`` (a peer_compare / peer_validation run)
 measured (slidedp.report.peers.SIMULATED_AS) with the model it trained (benchmarks.peer_setup.spec_as_trained),
 once per profile, nothing fitted. A row whose model is a path that is not on this machine (a device call's /tmp
 config) is resolved by its file stem in benchmarks.shape_validation.ARCHS. The table gives, per profile, the host
-rates the predictions rest on and the error of every row; the summary line per profile its MAPE.
+rates the predictions rest on, the error of every row and, per system, its MAPE, worst error and rows within 10%.
 """
 
 from __future__ import annotations
