@@ -62,14 +62,15 @@ def timed_rounds(rates: dict[str, Callable[[], float]], counts: list[int], round
     (calibration.rate_checks.judge: rounds that disagree, or a dip). Returns name -> threads -> one value per round."""
     values: dict[str, dict[int, list[float]]] = {name: {t: [] for t in counts} for name in rates}
 
+    total = rounds + extra_rounds  # the bar's length counts the extra rounds that may come; it ends full
     for i in range(rounds):
         for threads in counts:
             with torch_threads(threads):
                 for name, rate in rates.items():
                     values[name][threads].append(rate())
         if progress:
-            progress(i + 1, rounds)
-    for _ in range(extra_rounds):
+            progress(i + 1, total)
+    for k in range(extra_rounds):
         redo = {name: unsettled(curve) for name, curve in values.items()}
         if not any(redo.values()):
             break
@@ -78,6 +79,10 @@ def timed_rounds(rates: dict[str, Callable[[], float]], counts: list[int], round
                 for name in rates:
                     if threads in redo[name]:  # only what is unsettled: a settled pass keeps its rounds
                         values[name][threads].append(rates[name]())
+        if progress:
+            progress(rounds + k + 1, total)
+    if progress:
+        progress(total, total)
     return values
 
 

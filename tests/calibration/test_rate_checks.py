@@ -81,8 +81,11 @@ def test_rounds_interleave_the_thread_counts_and_re_time_only_what_is_unsettled(
 def test_rounds_stop_re_timing_once_settled_and_never_exceed_the_bound():
     counts = [1, 2, 4]
     settled = _Scripted({1: 10.0, 2: 20.0, 4: 38.0}, {})
-    rounds = host_bench.timed_rounds({"x": settled}, counts, rounds=2, extra_rounds=5)
+    bar = []
+    rounds = host_bench.timed_rounds({"x": settled}, counts, rounds=2, extra_rounds=5,
+                                     progress=lambda done, total: bar.append((done, total)))
     assert len(settled.calls) == 6  # no extra round
+    assert bar == [(1, 7), (2, 7), (7, 7)]  # the bar ends full though no extra round ran
     stuck = _Scripted({1: 10.0, 2: 11.0, 4: 38.0}, {})  # a dip that never goes away
     rounds = host_bench.timed_rounds({"x": stuck}, counts, rounds=2, extra_rounds=3)
     assert len(rounds["x"][2]) == 5 and len(rounds["x"][1]) == 2
