@@ -21,24 +21,22 @@ from benchmarks.common import log, read_jsonl
 from benchmarks.peer_predictions import error_summary, error_text, predict
 from benchmarks.peer_setup import spec_as_trained
 from benchmarks.shape_validation import ARCHS
+from benchmarks.zero2_heldout import model_spec
 from slidedp.errors import SlideDPError
 from slidedp.hardware import HardwareProfile, load_hardware
-from slidedp.model_spec import ModelSpec, load_model_spec
+from slidedp.model_spec import ModelSpec
 from slidedp.peers.systems import DEEPSPEED_CPU_ADAM
 from slidedp.report.peers import SIMULATED_AS
 
 
 def row_spec(row: dict) -> ModelSpec:
     """The model a measured row trained: its config name or path, else its stem in ARCHS, as trained."""
-    model = row["model"]
-    if model.endswith(".json") and not Path(model).exists():
-        stem = Path(model).stem
-        if stem not in ARCHS:
-            raise SlideDPError(f"{model}: not on this machine and not a benchmarks.shape_validation.ARCHS name")
-        spec = ModelSpec.from_hf_config(ARCHS[stem], name=stem)
-    else:
-        spec = load_model_spec(model)
-    return spec_as_trained(spec, row)
+    name = row["model"]
+    if name.endswith(".json") and not Path(name).exists():
+        name = Path(name).stem
+        if name not in ARCHS:
+            raise SlideDPError(f"{row['model']}: not on this machine and not a benchmarks.shape_validation.ARCHS name")
+    return spec_as_trained(model_spec(name), row)
 
 
 def measured_rows(runs: list[Path]) -> list[dict]:

@@ -69,8 +69,9 @@ def combine(rounds: dict[int, list[float]]) -> dict[int, float]:
 @dataclass(frozen=True)
 class Verdict:
     """What is not credible in one curve: points whose rounds disagree (threads -> rounds off, rounds), and
-    points of the combined curve that dip below their neighbours."""
+    points of the combined curve (``combined``) that dip below their neighbours."""
 
+    combined: dict[int, float]
     scattered: dict[int, tuple[int, int]]
     dipped: list[int]
 
@@ -86,7 +87,8 @@ def judge(rounds: dict[int, list[float]], limit: float = SPREAD_LIMIT,
     for t, values in rounds.items():
         if len(values) >= 2 and 2 * (off := rounds_off(values, limit)) >= len(values):
             scattered[t] = (off, len(values))
-    return Verdict(scattered, dips(combine(rounds), tolerance))
+    combined = combine(rounds)
+    return Verdict(combined, scattered, dips(combined, tolerance))
 
 
 def unsettled(rounds: dict[int, list[float]]) -> list[int]:
@@ -100,13 +102,14 @@ def _threads(t: int) -> str:
 
 def problems(rounds: dict[int, list[float]], unit: str) -> str | None:
     """What is not credible in one curve (rounds that disagree, dips), at most three points of each, or None."""
-    verdict, combined = judge(rounds), combine(rounds)
+    verdict = judge(rounds)
     parts = []
     if verdict.scattered:
         parts.append(first_few([f"{off} of {n} rounds off the median at {_threads(t)}"
                                 for t, (off, n) in sorted(verdict.scattered.items())]))
     if verdict.dipped:
-        parts.append("a dip at " + first_few([f"{_threads(t)} ({combined[t]:.3g} {unit})" for t in verdict.dipped]))
+        parts.append("a dip at " + first_few([f"{_threads(t)} ({verdict.combined[t]:.3g} {unit})"
+                                               for t in verdict.dipped]))
     return "; ".join(parts) or None
 
 

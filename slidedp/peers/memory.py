@@ -87,7 +87,6 @@ class PeerMemory:
         return problems
 
 
-
 # GPU bytes per attention score that eager attention holds in one layer's recomputed forward + backward: the
 # bf16 scores and probabilities and the fp32 softmax output kept for the backward, and the scores' fp32 and bf16
 # gradients (HF's eager_attention_forward). SlideFormer's measured peaks on an H100 (2026-12-06, Qwen3-4B, seq
