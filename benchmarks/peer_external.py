@@ -39,7 +39,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from benchmarks.common import end_process_group, log, sigterm_raises_exit
-from benchmarks.peer_setup import BETAS, CLIP, EPS, LR
+from benchmarks.peer_setup import BETAS, CLIP, EPS, LR, SKIPPED_AFTER_OOM, BatchesAfterOom
 from slidedp.runtime.lifetime import die_with_parent
 
 REPO = Path(__file__).resolve().parents[1]
@@ -409,7 +409,8 @@ def why_not_runnable(peer: ExternalPeer, peers_dir: Path) -> str | None:
 
 
 def run_external_peer(args, emit, peer: ExternalPeer) -> None:
-    """One row per batch of ``args.batches`` for ``peer``: run, out of memory (later batches skipped), or why not."""
+    """One row per batch of ``args.batches`` for ``peer``: run, out of memory (batches no smaller then skipped:
+    BatchesAfterOom), or why not."""
     from slidedp.model_spec import load_model_spec
 
     peers_dir = Path(args.peers_dir)
@@ -437,7 +438,11 @@ def run_external_peer(args, emit, peer: ExternalPeer) -> None:
         return
     script = folder / peer.script
     env = peer_env(peer, folder, args.port)
-    for i, batch in enumerate(args.batches):
+    after_oom = BatchesAfterOom()
+    for batch in args.batches:
+        if after_oom.skips(batch):
+            emit({**base, "batch": batch, "tokens_per_step": batch * seq, "status": SKIPPED_AFTER_OOM})
+            continue
         cmd = [sys.executable, str(PROBE), str(script), *peer.arguments(inputs, script, batch, args.steps)]
         row = {**base, "batch": batch, "tokens_per_step": batch * seq, "command": " ".join(cmd[1:])}
         code, lines = run_logged(cmd, folder, env, args.batch_timeout,
@@ -446,9 +451,8 @@ def run_external_peer(args, emit, peer: ExternalPeer) -> None:
         row.update(gpu_peak_gib=parsed.gpu_peak_gib, host_rss_peak_gib=parsed.host_rss_peak_gib, **parsed.extra)
         if code != 0 and ran_out_of_gpu_memory(lines):
             emit({**row, "status": "oom", "error": failure_reason(code, lines)})
-            for later in args.batches[i + 1:]:
-                emit({**base, "batch": later, "tokens_per_step": later * seq, "status": "skipped (oom at smaller)"})
-            return
+            after_oom.ran_out(batch)
+            continue
         if code != 0:
             # what its output said of the steps it did run before it ended (e.g. a NaN loss, then silence)
             detail = f" ({parsed.failure})" if parsed.failure and parsed.step_times else ""

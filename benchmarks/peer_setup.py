@@ -18,6 +18,27 @@ if TYPE_CHECKING:
 
 LOSS_CHUNK_TOKENS = 4096
 LR, BETAS, EPS, CLIP = 1e-5, (0.9, 0.95), 1e-8, 1.0
+# The status of a batch's row that is not run because a batch no larger ran out of GPU memory (BatchesAfterOom).
+SKIPPED_AFTER_OOM = "skipped (oom at smaller)"
+
+
+@dataclass
+class BatchesAfterOom:
+    """Which batches of one system's run are rows without runs (status SKIPPED_AFTER_OOM) because a batch ran out
+    of GPU memory. A larger batch needs more memory still, so only batches at least as large as the smallest one
+    that ran out are skipped; smaller ones still run, in whatever order they come (device scripts pass orders like
+    ``--batches 1 4 8 1``, and a descending order must not lose the small batches)."""
+
+    smallest: int | None = None  # the smallest batch that ran out of GPU memory so far
+
+    def ran_out(self, batch: int) -> None:
+        """``batch`` ran out of GPU memory."""
+        if self.smallest is None or batch < self.smallest:
+            self.smallest = batch
+
+    def skips(self, batch: int) -> bool:
+        """Whether ``batch`` is a row without a run: a batch no larger ran out of GPU memory."""
+        return self.smallest is not None and batch >= self.smallest
 
 
 @dataclass(frozen=True)
@@ -219,7 +240,12 @@ def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, ext
     spec = load_model_spec(args.model)
     cuda = ranks.device.startswith("cuda")
     seq = args.seq
-    for i, batch in enumerate(args.batches):
+    after_oom = BatchesAfterOom()
+    oom_row: dict = {}  # the last OOM's row, which is the smallest batch's (a larger one would have been skipped)
+    for batch in args.batches:
+        if after_oom.skips(batch):  # one rank only (several end the group at an OOM); the OOM row's fields
+            emit({**oom_row, "batch": batch, "tokens_per_step": batch * seq, "status": SKIPPED_AFTER_OOM})
+            continue
         row = {"system": system, "model": args.model, "seq": seq, "batch": batch, "tokens_per_step": batch * seq,
                "gpus": ranks.world, "head_as_configured": True, **(extra or {})}
         if batch % ranks.world:
@@ -250,9 +276,9 @@ def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, ext
             emit(row)
             if ranks.world > 1:  # the other ranks wait in a collective: end the group (torchrun stops them)
                 raise SystemExit(1) from None
-            for later in args.batches[i + 1:]:
-                emit({**row, "batch": later, "tokens_per_step": later * seq, "status": "skipped (oom at smaller)"})
-            return
+            after_oom.ran_out(batch)
+            oom_row = row
+            continue
         step = steady_step(times, warmup)
         rss, rss_peak = ranks.total(rss_gib()), ranks.total(rss_gib("VmHWM"))
         row.update(status="ok", step_times_s=times, warmup_steps=warmup, step_time_s=step,

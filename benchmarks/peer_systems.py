@@ -25,6 +25,8 @@ from benchmarks.peer_setup import (
     CLIP,
     EPS,
     LR,
+    SKIPPED_AFTER_OOM,
+    BatchesAfterOom,
     PhaseClock,
     Ranks,
     build_lm,
@@ -241,7 +243,11 @@ def run_slidedp(args, emit, system: str = "slidedp") -> None:
     budget = resolve_budget(hw, args.slidedp_gpu_budget, hw.host.memory_gib, cuda_memory_gib(args.device))
     sm = StreamingModel.open(args.model, Device(args.device), log)
     runs = Path(args.out) / "slidedp_runs"
-    for i, batch in enumerate(args.batches):
+    after_oom = BatchesAfterOom()
+    for batch in args.batches:
+        if after_oom.skips(batch):
+            emit({"system": system, "model": args.model, "seq": args.seq, "batch": batch, "status": SKIPPED_AFTER_OOM})
+            continue
         row, oom = None, []
         for plan_budget in plan_budgets(budget):  # again for less after running out of memory
             tuned = tune(sm.spec, hw, args.seq, batch, plan_budget, variant_space(system), refine_top=4)
@@ -255,10 +261,8 @@ def run_slidedp(args, emit, system: str = "slidedp") -> None:
         if row is None:
             emit({"system": system, "model": args.model, "seq": args.seq, "batch": batch, "status": "oom",
                   "error": " | ".join(oom)})
-            for later in args.batches[i + 1:]:
-                emit({"system": system, "model": args.model, "seq": args.seq, "batch": later,
-                      "status": "skipped (oom at smaller)"})
-            break
+            after_oom.ran_out(batch)
+            continue
         row.update(system=system, predicted_gpu_peak_gib=tuned.best.memory.gpu_peak / GIB,
                    planned_gpu_budget_gib=plan_budget.gpu_bytes / GIB, oom_retries=oom,
                    optimizer=_optimizer_label(tuned.best.policy))
@@ -289,9 +293,13 @@ def run_slidedp_train(args, emit, system: str) -> None:
     budget = resolve_budget(hw, args.slidedp_gpu_budget, hw.host.memory_gib, cuda_memory_gib(args.device))
     runs = Path(args.out) / "slidedp_runs"
     runs.mkdir(parents=True, exist_ok=True)
-    for i, batch in enumerate(args.batches):
+    after_oom = BatchesAfterOom()
+    for batch in args.batches:
         base = {"system": system, "model": args.model, "seq": args.seq, "batch": batch,
                 "tokens_per_step": batch * args.seq, "gpus": args.gpus}
+        if after_oom.skips(batch):  # larger batches need more memory still: rows, not runs
+            emit({**base, "status": SKIPPED_AFTER_OOM})
+            continue
         oom: list[str] = []
         for attempt, plan_budget in enumerate(plan_budgets(budget)):  # again for less after an out-of-memory
             try:
@@ -315,11 +323,8 @@ def run_slidedp_train(args, emit, system: str) -> None:
         if status != "ok":
             emit({**base, "status": status, **({"error": " | ".join(oom)} if oom else {}),
                   **({"policy": policy.to_dict()} if code is not None else {})})
-            if status == "oom":  # larger batches need more memory still: rows, not runs
-                for later in args.batches[i + 1:]:
-                    emit({**base, "batch": later, "tokens_per_step": later * args.seq,
-                          "status": "skipped (oom at smaller)"})
-                break
+            if status == "oom":
+                after_oom.ran_out(batch)
             continue
         emit({**base, "status": "ok", "policy": s.policy, "step_time_s": s.step_time_s,
               "tokens_per_s": s.tokens_per_s, "model_tflops": s.model_tflops_per_gpu * args.gpus,

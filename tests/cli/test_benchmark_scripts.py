@@ -343,6 +343,96 @@ def test_slidedp_train_driver_plans_again_for_less_after_running_out_of_gpu_memo
     assert rows[0]["error"].count("out of GPU memory") == 3
 
 
+def _statuses_after_oom(batches: list[int], oom_from: int) -> list[tuple[int, str]]:
+    """Each batch's status in a run where every batch from ``oom_from`` up runs out of GPU memory."""
+    from benchmarks.peer_setup import SKIPPED_AFTER_OOM, BatchesAfterOom
+
+    after_oom, rows = BatchesAfterOom(), []
+    for batch in batches:
+        if after_oom.skips(batch):
+            rows.append((batch, SKIPPED_AFTER_OOM))
+        elif batch >= oom_from:
+            after_oom.ran_out(batch)
+            rows.append((batch, "oom"))
+        else:
+            rows.append((batch, "ok"))
+    return rows
+
+
+def test_only_batches_at_least_as_large_as_one_that_ran_out_of_memory_are_skipped():
+    skipped = "skipped (oom at smaller)"
+    assert _statuses_after_oom([1, 2, 4, 8], 4) == [(1, "ok"), (2, "ok"), (4, "oom"), (8, skipped)]
+    assert _statuses_after_oom([1, 4, 8, 1], 8) == [(1, "ok"), (4, "ok"), (8, "oom"), (1, "ok")]
+    assert _statuses_after_oom([8, 4, 2, 1], 8) == [(8, "oom"), (4, "ok"), (2, "ok"), (1, "ok")]
+    assert _statuses_after_oom([8, 4, 2, 16, 1], 4) == [(8, "oom"), (4, "oom"), (2, "ok"), (16, skipped), (1, "ok")]
+
+
+def test_slidedp_train_driver_still_runs_smaller_batches_that_come_after_an_oom(tmp_path, tiny_config, monkeypatch):
+    """Batches out of order (device scripts pass ``--batches 1 4 8 1``): after batch 4 runs out of GPU memory at
+    every budget, batch 8 is a row without a run and the final batch 1 still runs; descending, all smaller run."""
+    from argparse import Namespace
+    from types import SimpleNamespace
+
+    import benchmarks.common
+    from benchmarks.peer_systems import run_slidedp_train
+    from slidedp.errors import OutOfGpuMemory
+
+    calls = []
+
+    def fake_train(model, seq, policy_path, steps, out, *, batch, **kw):
+        calls.append(batch)
+        if batch >= 4:
+            return OutOfGpuMemory.exit_code, None
+        return 0, SimpleNamespace(policy={"kept_layers": 0}, step_time_s=1.0, tokens_per_s=16.0,
+                                  model_tflops_per_gpu=1.0, gpu_peak_gib=1.0, host_rss_peak_gib=1.0, limiter="cpu",
+                                  predicted_step_time_s=1.1, predicted_limiter="cpu", given={"predicted_limiter"},
+                                  final_loss=4.0)
+
+    monkeypatch.setattr(benchmarks.common, "train_run", fake_train)
+    args = Namespace(profile="h200-x1", gpus=1, model=str(tiny_config), slidedp_gpu_budget=40.0, device="cpu",
+                     out=str(tmp_path), batches=[1, 4, 8, 1], seq=16, steps=2)
+    rows = []
+    run_slidedp_train(args, rows.append, "slidedp-compact")
+    assert calls == [1, 4, 4, 4, 1]
+    assert [(r["batch"], r["status"]) for r in rows] == [(1, "ok"), (4, "oom"), (8, "skipped (oom at smaller)"),
+                                                         (1, "ok")]
+    assert rows[2] == {"system": "slidedp-compact", "model": str(tiny_config), "seq": 16, "batch": 8,
+                       "tokens_per_step": 128, "gpus": 1, "status": "skipped (oom at smaller)"}
+
+    calls.clear()
+    rows.clear()
+    run_slidedp_train(Namespace(**{**vars(args), "batches": [8, 2, 1]}), rows.append, "slidedp-compact")
+    assert calls == [8, 8, 8, 2, 1] and [r["status"] for r in rows] == ["oom", "ok", "ok"]
+
+
+def test_peer_timing_loop_skips_batches_no_smaller_than_one_that_ran_out_and_runs_the_rest(tiny_config):
+    """time_batches on one rank with a step that runs out of GPU memory from batch 4 up: a skipped row is the OOM
+    row's fields with its own batch; a smaller batch after the OOM (``--batches 1 4 8 1``) still runs."""
+    from argparse import Namespace
+
+    import torch
+
+    from benchmarks.peer_setup import Ranks, time_batches
+
+    def step(x, y):
+        if x.shape[0] >= 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return torch.tensor(1.5)
+
+    rows = []
+    args = Namespace(model=str(tiny_config), seq=8, batches=[1, 4, 8, 1], steps=2)
+    time_batches("fake", args, Ranks(0, 1, "cpu"), 64, step, rows.append)
+    assert [(r["batch"], r["status"]) for r in rows] == [(1, "ok"), (4, "oom"), (8, "skipped (oom at smaller)"),
+                                                         (1, "ok")]
+    oom = rows[1]
+    assert rows[2] == {**oom, "batch": 8, "tokens_per_step": 64, "status": "skipped (oom at smaller)"}
+    assert oom["error"].startswith("CUDA out of memory") and rows[3]["final_loss"] == 1.5
+    rows.clear()
+    time_batches("fake", Namespace(**{**vars(args), "batches": [8, 4, 2, 1]}), Ranks(0, 1, "cpu"), 64, step,
+                 rows.append)
+    assert [r["status"] for r in rows] == ["oom", "oom", "ok", "ok"]
+
+
 def test_each_of_our_variants_has_a_search_space_a_worker_and_a_colour():
     """slidedp.report.peers names SlideDP's variants (OURS) and benchmarks.our_variants gives each its search
     space: the two lists are the same, and every system the comparison can run has a worker and a colour."""

@@ -190,6 +190,9 @@ def test_a_peer_that_runs_out_of_memory_or_cannot_start_keeps_its_rows_with_the_
     rows = _run(SLIDEFORMER, prepared, peers)
     assert [(r["batch"], r["status"]) for r in rows] == [(1, "ok"), (2, "oom"), (4, "skipped (oom at smaller)")]
     assert "CUDA out of memory" in rows[1]["error"]
+    rows = _run(SLIDEFORMER, prepared, peers, batches=(1, 2, 4, 1))  # batch 1 again last: it still runs
+    assert [(r["batch"], r["status"]) for r in rows] == [(1, "ok"), (2, "oom"), (4, "skipped (oom at smaller)"),
+                                                         (1, "ok")]
     broken = tmp_path / "broken"
     (broken / "megatrain/examples/sft").mkdir(parents=True)
     (broken / "megatrain/examples/sft/train.py").write_text("import liger_missing_module_xyz\n")
