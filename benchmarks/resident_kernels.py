@@ -1,0 +1,75 @@
+"""CUDA kernel time of one GPU-resident training step by kind (GEMM, attention, elementwise/other), per batch.
+
+Why: the GPU-resident peer's step on the H200 is under-predicted by 8-9% at batch 8 while batch 1 is right
+(benchmarks/RESULTS.md, twentieth session); whole-phase timings cannot say which operation's cost grows faster
+with the batch than the compute model says. This times kernels with torch.profiler over one step after warm-up
+and writes one JSON row per batch: total kernel seconds by kind and the 15 largest kernels.
+
+    python -m benchmarks.resident_kernels --model qwen3-4b --batches 1 8 --out kernels.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+KINDS = (("attention", ("flash", "fmha", "attention", "sdpa")),
+         ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "sm90", "cublas", "matmul")))
+
+
+def kernel_kind(name: str) -> str:
+    """Kind of a CUDA kernel by its name (attention before GEMM: flash kernels also name sm90)."""
+    low = name.lower()
+    for kind, marks in KINDS:
+        if any(m in low for m in marks):
+            return kind
+    return "other"
+
+
+def main() -> int:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.common import synthetic_tokens
+    from benchmarks.peer_setup import PhaseClock
+    from benchmarks.peer_systems import resident_trainer
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen3-4b")
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    cfg, _, step = resident_trainer(args.model, "cuda", PhaseClock(False, True))
+    with open(args.out, "w") as f:
+        for batch in args.batches:
+            tokens = synthetic_tokens(cfg.vocab_size, batch, args.seq)
+            x, y = tokens[:, :-1].cuda(), tokens[:, 1:].cuda()
+            for _ in range(2):
+                step(x, y)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                step(x, y)
+                torch.cuda.synchronize()
+            by_kind: dict[str, float] = defaultdict(float)
+            by_name: dict[str, float] = defaultdict(float)
+            counts: dict[str, int] = defaultdict(int)
+            for e in prof.events():
+                if e.device_type.name != "CUDA":
+                    continue
+                us = e.device_time
+                by_kind[kernel_kind(e.name)] += us / 1e6
+                by_name[e.name[:90]] += us / 1e6
+                counts[kernel_kind(e.name)] += 1
+            top = sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
+            row = {"batch": batch, "seq": args.seq, "kind_s": dict(by_kind), "kernels": dict(counts),
+                   "total_s": sum(by_kind.values()), "top": top}
+            print(json.dumps(row), flush=True)
+            f.write(json.dumps(row) + "\n")
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
