@@ -68,7 +68,64 @@ def main() -> int:
             print(json.dumps(row), flush=True)
             f.write(json.dumps(row) + "\n")
             torch.cuda.empty_cache()
+        f.write(json.dumps(isolated_vs_queued()) + "\n")
     return 0
+
+
+def isolated_vs_queued(repeats: int = 20) -> dict:
+    """Qwen3-4B-shaped RMSNorm, SDPA backward and a GEMM, each timed as calibration.shape_bench times it (CUDA events
+    around one call, synchronised between calls) and queued (``repeats`` calls between two events): how much of a
+    micro-benchmark's fixed cost per call is the GPU waiting for the CPU, which a step's queued kernels hide."""
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    def isolated(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        return statistics.median(times)
+
+    def queued(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(repeats):
+            fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / 1e3 / repeats
+
+    out = {}
+    for tokens in (4096, 32768):
+        x = torch.randn(1, tokens, 2560, dtype=torch.bfloat16, device="cuda")
+        norm = Qwen3RMSNorm(2560).to(device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(9728, 2560, dtype=torch.bfloat16, device="cuda")
+        q = torch.randn(tokens // 4096, 32, 4096, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        kv = torch.randn(tokens // 4096, 8, 4096, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        o = F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
+        g = torch.randn_like(o)
+        with torch.no_grad():
+            fns = {"rmsnorm": lambda x=x, norm=norm: norm(x), "gemm_up": lambda x=x, w=w: x @ w.t(),
+                   "residual": lambda x=x: x + x}
+        fns["sdpa_bwd"] = lambda o=o, g=g, q=q, kv=kv: torch.autograd.grad(o, (q, kv), g, retain_graph=True)
+        for name, fn in fns.items():
+            ctx = torch.no_grad() if name != "sdpa_bwd" else torch.enable_grad()
+            with ctx:
+                out[f"{name}@{tokens}"] = {"isolated_s": isolated(fn), "queued_s": queued(fn)}
+        del x, q, kv, o, g
+    print(json.dumps(out), flush=True)
+    return {"isolated_vs_queued": out}
 
 
 if __name__ == "__main__":
