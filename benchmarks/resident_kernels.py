@@ -69,6 +69,7 @@ def main() -> int:
             f.write(json.dumps(row) + "\n")
             torch.cuda.empty_cache()
         f.write(json.dumps(isolated_vs_queued()) + "\n")
+        f.write(json.dumps(elementwise_backward()) + "\n")
     return 0
 
 
@@ -126,6 +127,67 @@ def isolated_vs_queued(repeats: int = 20) -> dict:
         del x, q, kv, o, g
     print(json.dumps(out), flush=True)
     return {"isolated_vs_queued": out}
+
+
+def _elementwise_cases(tokens: int) -> tuple[list, dict]:
+    """Inputs (leaves needing gradients) and (forward, backward) callables of each memory-bound module."""
+    import torch
+    import torch.nn.functional as F
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
+
+    bf = torch.bfloat16
+
+    def leaf(*shape):
+        return torch.randn(*shape, dtype=bf, device="cuda", requires_grad=True)
+
+    x, q, k, gate, up = leaf(1, tokens, 2560), leaf(1, 32, tokens, 128), leaf(1, 8, tokens, 128), \
+        leaf(1, tokens, 9728), leaf(1, tokens, 9728)
+    gx, gq, gk, gf = (torch.randn_like(t) for t in (x, q, k, gate))
+    cos = torch.randn(1, tokens, 128, dtype=bf, device="cuda")
+    sin = torch.randn_like(cos)
+    norm = Qwen3RMSNorm(2560).to(device="cuda", dtype=bf)
+    qn = Qwen3RMSNorm(128).to(device="cuda", dtype=bf)
+    grad = torch.autograd.grad  # not .backward: no accumulation into the leaves' .grad between calls
+    cases = {
+        "rmsnorm": (lambda: norm(x), lambda o: grad(o, (x, norm.weight), gx)),
+        "qk_norm": (lambda: (qn(q), qn(k)), lambda o: grad(o, (q, k, qn.weight), (gq, gk))),
+        "rotary": (lambda: apply_rotary_pos_emb(q, k, cos, sin), lambda o: grad(o, (q, k), (gq, gk))),
+        "swiglu": (lambda: F.silu(gate) * up, lambda o: grad(o, (gate, up), gf)),
+        "residual": (lambda: x + x, lambda o: grad(o, (x,), gx)),
+    }
+    return [x, q, k, gate, up], cases
+
+
+def elementwise_backward(repeats: int = 20) -> dict:
+    """Queued seconds of the HF memory-bound modules' forward and of forward + backward, at Qwen3-4B's widths
+    (hidden 2560, q 4096, kv 1024, FFN 9728) and 4096 and 32768 tokens: the backward over the forward, which
+    slidedp.compute assumes to be ELEMENTWISE_BACKWARD_FACTOR (2) and no micro-benchmark has timed."""
+    import torch
+
+    def queued(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(repeats):
+            fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / 1e3 / repeats
+
+    out = {}
+    for tokens in (4096, 32768):
+        leaves, cases = _elementwise_cases(tokens)
+        for name, (fwd, bwd) in cases.items():
+            with torch.no_grad():
+                f_s = queued(fwd)
+            fb_s = queued(lambda fwd=fwd, bwd=bwd: bwd(fwd()))
+            out[f"{name}@{tokens}"] = {"forward_s": f_s, "forward_backward_s": fb_s,
+                                       "backward_over_forward": (fb_s - f_s) / f_s}
+        del leaves, cases
+        torch.cuda.empty_cache()
+    print(json.dumps(out), flush=True)
+    return {"elementwise_backward": out}
 
 
 if __name__ == "__main__":
