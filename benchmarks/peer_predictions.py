@@ -23,7 +23,7 @@ from benchmarks.peer_setup import spec_as_trained
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GIB, HardwareProfile, load_hardware
 from slidedp.model_spec import ModelSpec, load_model_spec
-from slidedp.peers import estimate_peer_memory, peer_step, simulate_peer
+from slidedp.peers import estimate_peer_memory, peer_step, phase_seconds, simulate_peer
 from slidedp.peers.systems import DEEPSPEED_CPU_ADAM
 from slidedp.report.peers import SIMULATED_AS, load_rows
 
@@ -53,7 +53,7 @@ def predict(system: str, model: str, hw: HardwareProfile, seq: int, batch: int, 
     mem = estimate_peer_memory(step)
     return {"step_s": sim.step_time_s, "limiter": sim.limiter, "alloc_gib": mem.gpu_allocated_peak / GIB,
             "peak_gib": mem.gpu_peak / GIB, "host_gib": mem.host_total_gib(), "fits": mem.gpu_peak <= hw.gpu.memory_gib
-            * GIB}
+            * GIB, "phase_s": phase_seconds(step, sim.trace, sim.step_time_s)}
 
 
 def error_text(pred: float, meas: float | None) -> str:

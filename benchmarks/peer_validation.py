@@ -29,8 +29,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.common import log, require_cuda
+from benchmarks.common import log, read_jsonl, require_cuda
 from benchmarks.peer_predictions import error_summary, error_text, predict
+from benchmarks.peer_setup import spec_as_trained
+from slidedp.errors import SlideDPError
+from slidedp.hardware import HardwareProfile, load_hardware
+from slidedp.model_spec import load_model_spec
 from slidedp.report.peers import SIMULATED_AS
 
 DEFAULT_SYSTEMS = ("deepspeed-offload", "fsdp2-offload")
@@ -41,7 +45,6 @@ def calibrated_profile(how: str, base_name: str, out: Path):
     from slidedp.calibration.host_bench import peer_thread_counts
     from slidedp.calibration.measurements import Measurements
     from slidedp.calibration.peer_bench import peer_adam_benchmarks
-    from slidedp.hardware import load_hardware
     from slidedp.peers.systems import TORCH_CLIP_GRAD_NORM
 
     path = out / "profile.yaml"
@@ -85,10 +88,21 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, help="seconds per system at most (default: half of --deadline "
                         "plus 30)")
     parser.add_argument("--compare", metavar="DIR", help="only rebuild DIR/comparison.md from its files (no GPU)")
+    parser.add_argument("--repredict", metavar="PROFILE", help="with --compare: predict the measured rows again "
+                        "from PROFILE with today's models and print that comparison (post hoc: nothing is written)")
     args = parser.parse_args()
+    if args.repredict and not args.compare:
+        parser.error("--repredict needs --compare DIR")
     if args.compare:
         if not (Path(args.compare) / "predictions.json").is_file():
             parser.error(f"{args.compare} has no predictions.json: give a folder this script wrote")
+        if args.repredict:
+            try:
+                hw = load_hardware(args.repredict)
+            except (SlideDPError, OSError) as exc:
+                parser.error(f"--repredict {args.repredict}: {str(exc).splitlines()[0]}")
+            print(compare_folder(Path(args.compare), hw), end="")
+            return 0
         text = compare_folder(Path(args.compare))
         (Path(args.compare) / "comparison.md").write_text(text)
         print(text, end="")
@@ -174,6 +188,7 @@ def comparison(predictions: dict, contention_measured: dict, results: Path) -> s
     for system in oom_meas:
         predicted = first_oom(oom_pred[system]) if system in oom_pred else "- (not predicted)"
         lines.append(f"| {system} | {predicted} | {first_oom(oom_meas[system])} |")
+    lines += phase_table(peers, rows)
     if predictions.get("contention"):
         lines += ["", "| contention experiment | predicted | measured | error |", "|---|---|---|---|"]
         for key, p in predictions["contention"].items():
@@ -183,14 +198,63 @@ def comparison(predictions: dict, contention_measured: dict, results: Path) -> s
     return "\n".join(lines) + "\n"
 
 
-def compare_folder(folder: Path) -> str:
+def measured_phases(phase_s: dict) -> dict[str, float]:
+    """A measured row's phases (benchmarks.peer_setup.PhaseClock) on the simulator's split
+    (slidedp.peers.plan.phase_seconds): forward, backward, and everything after backward, of which the clip where
+    the system timed one apart (DeepSpeed clips inside its optimizer step)."""
+    out = {"forward": phase_s.get("forward", 0.0), "backward": phase_s.get("backward", 0.0)}
+    out["after_backward"] = sum(v for k, v in phase_s.items() if k not in ("forward", "backward"))
+    if "clip" in phase_s:
+        out["clip"] = phase_s["clip"]
+    return out
+
+
+def phase_table(peers: dict, rows: list[dict]) -> list[str]:
+    """Predicted against measured phases per (system, batch) where both exist (runs with --phases; predictions
+    written since 2026-12-07's twentieth session): a step within a few percent can hide phases off by a quarter
+    in opposite directions."""
+    lines = []
+    for r in rows:
+        pred = (peers.get(r["system"], {}).get(r["batch"]) or {}).get("phase_s")
+        if r.get("status") != "ok" or not pred or not r.get("phase_s"):
+            continue
+        meas = measured_phases(r["phase_s"])
+        cells = []
+        for phase in ("forward", "backward", "after_backward", "clip"):
+            if phase in pred and phase in meas:
+                cells.append(f"{pred[phase]:.3f} / {meas[phase]:.3f} ({error_text(pred[phase], meas[phase])})")
+            else:
+                cells.append("-")
+        lines.append(f"| {r['system']} | {r['batch']} | " + " | ".join(cells) + " |")
+    if not lines:
+        return []
+    return ["", "Phases, predicted / measured s (error): after backward is clip + optimizer + the rest", "",
+            "| system | batch | forward | backward | after backward | of which clip |", "|---|---|---|---|---|---|",
+            *lines]
+
+
+def compare_folder(folder: Path, repredict: HardwareProfile | None = None) -> str:
     """comparison.md again from a fetched run's predictions.json, results.jsonl (or peers/results.jsonl, where the
-    call was stopped before it copied them) and contention_measured.json."""
+    call was stopped before it copied them) and contention_measured.json; with ``repredict``, every peer row's
+    prediction made again from that profile with the models as they are now (what a model change does to a call's
+    rows; not the prediction the call wrote before its runs)."""
     predictions = json.loads((folder / "predictions.json").read_text())
     contention_file = folder / "contention_measured.json"
     measured = json.loads(contention_file.read_text()) if contention_file.exists() else {}
     results = folder / "results.jsonl"
-    return comparison(predictions, measured, results if results.exists() else folder / "peers" / "results.jsonl")
+    results = results if results.exists() else folder / "peers" / "results.jsonl"
+    if repredict is not None:
+        rows = read_jsonl(results)
+        peers = {}
+        for system, per in predictions["peers"].items():
+            row = next((r for r in rows if r["system"] == system), None)
+            if row is None:
+                continue
+            spec = spec_as_trained(load_model_spec(row["model"]), row)  # one model and seq per system and call
+            peers[system] = {b: predict(SIMULATED_AS[system], row["model"], repredict, int(row["seq"]), int(b), spec)
+                             for b in per}
+        predictions = {**predictions, "profile": repredict.name, "contention": {}, "peers": peers}
+    return comparison(predictions, measured, results)
 
 
 if __name__ == "__main__":

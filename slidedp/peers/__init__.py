@@ -8,13 +8,13 @@ included, through the same simulator, so sweeps and reports can put them side by
 from __future__ import annotations
 
 from slidedp.peers.memory import PeerMemory, estimate_peer_memory
-from slidedp.peers.plan import build_peer_plan
+from slidedp.peers.plan import build_peer_plan, phase_seconds
 from slidedp.peers.step import PeerStep, peer_policy, peer_workload
 from slidedp.peers.systems import SLIDEDP, SYSTEM_NAMES, SYSTEMS, PeerSystem, check_system, peer_system
 
 __all__ = ["SLIDEDP", "SYSTEMS", "SYSTEM_NAMES", "PeerMemory", "PeerStep", "PeerSystem", "build_peer_plan",
            "check_system", "estimate_peer_memory", "peer_policy", "peer_step", "peer_system", "peer_workload",
-           "simulate_peer"]
+           "phase_seconds", "simulate_peer"]
 
 
 def peer_step(name: str, model, hw, seq: int, batch: int) -> PeerStep:

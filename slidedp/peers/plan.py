@@ -1,7 +1,8 @@
 """A peer system's step as a :class:`~slidedp.schedule.Plan`, for the same simulator that runs SlideDP's.
 
 The order is what the peers do: forward layer by layer, each layer's weights fetched (host copy and/or all-gather)
-at most ``PEER_WINDOW`` layers ahead; backward in reverse, re-fetching where the system reshards, each layer's
+at most ``PEER_WINDOW`` layers ahead (only after the previous layer's pass where the system's copy cannot overlap
+one, ``PeerSystem.fetch_overlaps_passes``); backward in reverse, re-fetching where the system reshards, each layer's
 gradient reduced over the ranks and copied to the host as soon as it is computed, a layer's gradient buffer reused
 ``PEER_WINDOW`` layers later (or, where the system's offload runs in series with backward, ``serial_grad_copy``,
 the next layer's backward waiting for this one's reduction, GPU passes, host reads and copy); then the optimizer:
@@ -87,10 +88,16 @@ class _PeerBuilder:
                 ready[r] = [self._collective("allgather", r, u, ag_bytes, ready[r], group, "ag")]
         return ready
 
+    def fetch_window(self) -> int:
+        """A layer's fetch waits for the pass this many layers before it (PEER_WINDOW), or for the previous one
+        where the system's copy cannot overlap a pass (PeerSystem.fetch_overlaps_passes)."""
+        return PEER_WINDOW if self.step.system.fetch_overlaps_passes else 1
+
     def forward(self) -> None:
+        window = self.fetch_window()
         for u in range(self.count):
             ready = ({r: [] for r in range(self.n)} if not self.step.fetches(u, backward=False)
-                     else self.fetch(u, lambda r, u=u: self.fwd.get((u - PEER_WINDOW, r))))
+                     else self.fetch(u, lambda r, u=u: self.fwd.get((u - window, r))))
             unit = self.w.units[u]
             for r in range(self.n):
                 self.fwd[(u, r)] = self.plan.add(op="fwd", rank=r, stream=f"gpu[{r}]", resource=f"gpu[{r}]", unit=u,
@@ -105,8 +112,9 @@ class _PeerBuilder:
         serial = step.system.serial_grad_copy is not None
         for u in range(self.count - 1, -1, -1):
             later = u + PEER_WINDOW
+            ahead = u + self.fetch_window()
             ready = ({r: [] for r in range(self.n)} if not step.fetches(u, backward=True)
-                     else self.fetch(u, lambda r, later=later: self.bwd.get((later, r)), backward=True))
+                     else self.fetch(u, lambda r, ahead=ahead: self.bwd.get((ahead, r)), backward=True))
             seconds, flops = step.backward_s(u)
             ckpt = step.checkpoint_bytes(u)
             for r in range(self.n):
@@ -199,3 +207,28 @@ class _PeerBuilder:
 
 def build_peer_plan(step: PeerStep) -> Plan:
     return _PeerBuilder(step).build()
+
+
+# The ops a peer runs once per step after its whole backward (optimizer()), where it does not update per unit.
+AFTER_BACKWARD_OPS = ("clip", "adam", "cast", "gpu_adam")
+
+
+def phase_seconds(step: PeerStep, trace, step_s: float, rank: int = 0) -> dict[str, float]:
+    """The phases a peer's benchmark times (benchmarks.peer_setup.PhaseClock) in a simulated step of ``step``:
+    ``forward`` (until rank ``rank``'s last forward pass ends), ``backward`` (until the first op after backward
+    starts: every gradient reduced and copied, since those ops wait for all of it), and ``after_backward`` (the
+    rest of the step: clip, optimizer, the new weights' copy back), of which ``clip`` where the system clips on the
+    CPU. A system that updates per unit has no phase after backward beyond the last updates' tail. Why: a step time
+    within 2% can hide a forward 22% short and a clip 27% long (FSDP2-offload on the H200, twentieth session)."""
+    ops = trace[trace["rank"] == rank]
+    forward_end = float(ops.loc[ops["op"] == "fwd", "end_s"].max())
+    after = ops[ops["op"].isin(AFTER_BACKWARD_OPS)]
+    if step.system.update_per_unit or after.empty:
+        backward_end = float(ops.loc[ops["op"] == "bwd", "end_s"].max())
+    else:
+        backward_end = float(after["start_s"].min())
+    phases = {"forward": forward_end, "backward": backward_end - forward_end, "after_backward": step_s - backward_end}
+    clip = ops[ops["op"] == "clip"]
+    if not clip.empty and not step.system.update_per_unit:
+        phases["clip"] = float((clip["end_s"] - clip["start_s"]).sum())
+    return phases

@@ -26,7 +26,8 @@ What each spec encodes (``benchmarks/peer_systems.py`` is what was measured):
 - ``fsdp2-offload``: FSDP2 ``fully_shard`` per layer with ``CPUOffloadPolicy``: fp32 shards on the host, copied to
   the GPU (fp32) and all-gathered in bf16 before each layer's forward and backward (the root's embedding and head
   stay gathered from forward to backward), fp32 gradients reduce-scattered and copied to the host; after backward
-  ``clip_grad_norm_`` reads and scales the CPU gradients and torch's CPU AdamW steps.
+  ``clip_grad_norm_`` reads and scales the CPU gradients and torch's CPU AdamW steps. Its copies do not overlap
+  the passes (measured: each pass waits for its whole fp32 copy, which starts after the previous pass).
 - ``fsdp2-resident``: FSDP2 without offload: fp32 shards, their gradients and AdamW moments on the GPUs, bf16
   all-gather per layer in forward and backward, fp32 reduce-scatter, torch's fused AdamW on each shard.
 - ``ddp-resident``: every GPU holds fp32 weights, gradients and moments (bf16 autocast), all-reduces fp32 gradients
@@ -230,6 +231,12 @@ class PeerSystem:
     grad_staging_bytes: int = 0
     # The least host time of a decoder layer's passes (LayerHostFloor); None: the GPU sets their pace.
     layer_host_floor: LayerHostFloor | None = None
+    # Whether a layer's weight fetch overlaps the neighbouring layer's pass (fetched PEER_WINDOW layers ahead, in
+    # forward and in backward's re-fetch). False: each layer's copy starts only after the previous layer's pass has
+    # ended, so each pass waits for its whole copy. Measured for FSDP2 + CPUOffloadPolicy on one H200 (twentieth
+    # session, c54): its forward ran 0.26-0.29 s longer than GPU-resident's at batch 1, 2, 4 and 8, the time its
+    # fp32 copy takes alone, and its backward by about as much again.
+    fetch_overlaps_passes: bool = True
     # The caching allocator's bytes beyond the allocated peak per byte allocated and freed within a step (measured:
     # ALLOCATOR_FRAGMENTATION); 0 where not measured.
     allocator_fragmentation: float = 0.0
@@ -311,7 +318,8 @@ SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
         grad_collective="reduce_scatter", grad_collective_bytes=4, grad_d2h_bytes=4,
         optimizer="cpu", cpu_adam=TORCH_ADAMW_FUSED, clip_host_bytes=12, cast_after_step=False, writeback_h2d_bytes=0,
         gpu_weight_bytes=0, gpu_moment_bytes=0, gpu_grad_bytes=0, gpu_state_sharded=True, autocast_cache=False,
-        host_state_bytes=16, cpu_clip=TORCH_CLIP_GRAD_NORM, host_overhead_bytes=FSDP2_OFFLOAD_HOST_OVERHEAD),
+        host_state_bytes=16, cpu_clip=TORCH_CLIP_GRAD_NORM, host_overhead_bytes=FSDP2_OFFLOAD_HOST_OVERHEAD,
+        fetch_overlaps_passes=False),
     PeerSystem(
         name="fsdp2-resident", summary="PyTorch FSDP2 without offload: optimizer sharded over the GPUs",
         fetch_h2d_bytes=0, gathered_bytes=2, refetch_in_backward=True,

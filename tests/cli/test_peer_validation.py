@@ -2,6 +2,8 @@
 without a GPU (the runs themselves need one)."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -96,3 +98,55 @@ def test_steady_step_skips_the_warm_up_steps():
         clock.steps.append({"forward": forward})
     assert clock.medians(2) == {"forward": 0.25}
     assert clock.medians(9) == {"forward": 0.25}
+
+
+def test_measured_phases_fold_everything_after_backward_and_keep_the_clip_apart():
+    from benchmarks.peer_validation import measured_phases
+
+    fsdp2 = {"forward": 0.4, "backward": 0.6, "clip": 1.8, "optimizer": 1.0, "zero_grad": 0.002}
+    assert measured_phases(fsdp2) == pytest.approx({"forward": 0.4, "backward": 0.6, "after_backward": 2.802,
+                                                    "clip": 1.8})
+    assert "clip" not in measured_phases({"forward": 0.1, "backward": 0.8, "optimizer": 1.7})  # DeepSpeed
+
+
+def test_comparison_puts_predicted_phases_beside_the_measured_ones(tmp_path):
+    phases = {"forward": 0.3, "backward": 0.4, "after_backward": 3.1, "clip": 2.1}
+    predictions = {"profile": "p", "peers": {"fsdp2-offload": {"1": {
+        "step_s": 3.8, "limiter": "cpu", "peak_gib": 12.0, "host_gib": 72.0, "fits": True, "phase_s": phases}}}}
+    rows = [{"system": "fsdp2-offload", "batch": 1, "status": "ok", "step_time_s": 3.9,
+             "phase_s": {"forward": 0.4, "backward": 0.6, "clip": 1.9, "optimizer": 1.0}}]
+    (tmp_path / "predictions.json").write_text(json.dumps(predictions))
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = compare_folder(tmp_path)
+    assert ("| fsdp2-offload | 1 | 0.300 / 0.400 (-25.0%) | 0.400 / 0.600 (-33.3%) | 3.100 / 2.900 (+6.9%) "
+            "| 2.100 / 1.900 (+10.5%) |") in text
+    rows[0].pop("phase_s")  # a run without --phases: no phase table
+    (tmp_path / "results.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    assert "Phases" not in compare_folder(tmp_path)
+
+
+def test_repredict_predicts_a_calls_rows_again_from_another_profile(tmp_path):
+    """--compare DIR --repredict PROFILE: today's models on the call's measured rows (the model and sequence from
+    the rows), without touching DIR's files; bad input is one line and exit 2."""
+    predictions = {"profile": "old", "peers": {"resident": {"1": {"step_s": 9.0, "limiter": "compute",
+                                                                  "fits": True}}}}
+    row = {"system": "resident", "batch": 1, "status": "ok", "step_time_s": 0.5, "model": "qwen3-0.6b",
+           "seq": 1024, "head_as_configured": True, "phase_s": {"forward": 0.1, "backward": 0.3, "clip": 0.02,
+                                                                 "optimizer": 0.05}}
+    (tmp_path / "predictions.json").write_text(json.dumps(predictions))
+    (tmp_path / "results.jsonl").write_text(json.dumps(row) + "\n")
+    from benchmarks.peer_predictions import predict
+    from slidedp.hardware import load_hardware
+
+    hw = load_hardware("h200-x1")
+    text = compare_folder(tmp_path, hw)
+    expected = predict("ddp-resident", "qwen3-0.6b", hw, 1024, 1)
+    assert f"| resident | 1 | {expected['step_s']:.3f} ({expected['limiter']}) | 0.500 |" in text
+    assert "9.000" not in text and "| resident | 1 | " in text.split("Phases")[1]
+    assert json.loads((tmp_path / "predictions.json").read_text()) == predictions  # nothing rewritten
+    run = subprocess.run([sys.executable, "-m", "benchmarks.peer_validation", "--repredict", "h200-x1"],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "--repredict needs --compare DIR" in run.stderr
+    run = subprocess.run([sys.executable, "-m", "benchmarks.peer_validation", "--compare", str(tmp_path),
+                          "--repredict", "no-such-profile"], capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr and "--repredict no-such-profile" in run.stderr

@@ -11,7 +11,7 @@ from benchmarks.peer_setup import spec_as_trained
 from slidedp.errors import SlideDPError
 from slidedp.hardware import load_hardware
 from slidedp.model_spec import load_model_spec
-from slidedp.peers import SYSTEMS, PeerStep, build_peer_plan, peer_step, peer_workload, simulate_peer
+from slidedp.peers import SYSTEMS, PeerStep, build_peer_plan, peer_step, peer_workload, phase_seconds, simulate_peer
 from slidedp.peers.systems import (
     DEEPSPEED_CPU_ADAM,
     DEEPSPEED_CPU_ADAM_BF16,
@@ -317,3 +317,45 @@ def test_slideformers_cast_and_update_share_the_cores_in_its_step():
     plan = build_peer_plan(step)
     assert all(CORES in op.usage for op in plan.ops if op.op in ("adam", "h2d_param"))
     assert simulate_peer(step).step_time_s > 0
+
+
+def _ops(sim, name: str):
+    t = sim.trace[(sim.trace["rank"] == 0) & (sim.trace["op"] == name)]
+    return t, float((t["end_s"] - t["start_s"]).sum())
+
+
+def test_fsdp2_offloads_copies_wait_for_the_previous_pass_so_each_pass_waits_for_its_whole_copy():
+    """FSDP2 + CPUOffloadPolicy measured forward = passes + copies (c54): no copy overlaps a pass; with the flag off
+    (every other streaming peer) the copies run ahead and the forward is shorter."""
+    hw, model = machine(), tiny_model()
+    serial = PeerStep(SYSTEMS["fsdp2-offload"], peer_workload(model, hw, 256, 1))
+    overlapped = PeerStep(dataclasses.replace(SYSTEMS["fsdp2-offload"], fetch_overlaps_passes=True),
+                          peer_workload(model, hw, 256, 1))
+    sim, ahead = simulate_peer(serial), simulate_peer(overlapped)
+    fwd, passes = _ops(sim, "fwd")
+    copies = sim.trace[(sim.trace["rank"] == 0) & (sim.trace["op"] == "h2d_param")
+                       & (sim.trace["end_s"] <= fwd["end_s"].max())]
+    for (_, c), (_, p) in zip(copies.sort_values("start_s").iterrows(), fwd.sort_values("start_s").iterrows(),
+                                  strict=True):
+        assert c["end_s"] <= p["start_s"] + 1e-12  # each pass waits for its copy
+    starts = copies.sort_values("start_s")["start_s"].tolist()[1:]
+    ends = fwd.sort_values("start_s")["end_s"].tolist()[:-1]
+    assert all(s >= e - 1e-12 for s, e in zip(starts, ends, strict=True))  # and the next copy waits for that pass
+    forward = phase_seconds(serial, sim.trace, sim.step_time_s)["forward"]
+    assert forward == pytest.approx(passes + float((copies["end_s"] - copies["start_s"]).sum()), rel=1e-6)
+    assert phase_seconds(overlapped, ahead.trace, ahead.step_time_s)["forward"] < forward
+
+
+@pytest.mark.parametrize("name", ["zero2-offload", "fsdp2-offload", "ddp-resident", "zero3-offload"])
+def test_a_peers_phases_add_up_to_its_step_and_name_the_clip_where_it_runs_on_the_cpu(name):
+    hw = machine()
+    step = PeerStep(SYSTEMS[name], peer_workload(tiny_model(), hw, 256, 2))
+    sim = simulate_peer(step)
+    phases = phase_seconds(step, sim.trace, sim.step_time_s)
+    assert phases["forward"] + phases["backward"] + phases["after_backward"] == pytest.approx(sim.step_time_s)
+    assert phases["forward"] == pytest.approx(float(_ops(sim, "fwd")[0]["end_s"].max()))
+    assert min(phases.values()) > 0
+    assert ("clip" in phases) == step.system.updates_on_cpu
+    if "clip" in phases:
+        assert phases["clip"] == pytest.approx(_ops(sim, "clip")[1])
+        assert phases["clip"] < phases["after_backward"]
