@@ -27,7 +27,9 @@ class BatchesAfterOom:
     """Which batches of one system's run are rows without runs (status SKIPPED_AFTER_OOM) because a batch ran out
     of GPU memory. A larger batch needs more memory still, so only batches at least as large as the smallest one
     that ran out are skipped; smaller ones still run, in whatever order they come (device scripts pass orders like
-    ``--batches 1 4 8 1``, and a descending order must not lose the small batches)."""
+    ``--batches 1 4 8 1``, and a descending order must not lose the small batches). A smaller batch run after an
+    out-of-memory in the same process may carry the failed step's partial gradients into its first step, which is
+    warm-up and not timed (every worker zeroes its gradients after each optimizer step)."""
 
     smallest: int | None = None  # the smallest batch that ran out of GPU memory so far
 
