@@ -233,7 +233,11 @@ def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, ext
                  clock: PhaseClock | None = None, warmup: int = 1) -> None:
     """Run ``args.steps`` steps per global batch through ``step_fn(input_ids, labels)``, each rank on its
     ``batch / world`` sequences; rank 0 emits one row per batch (host memory summed over the ranks), its step time
-    the median after ``warmup`` steps of each batch (DeepSpeed ZeRO-3 needs two in a process's first batch)."""
+    the median after ``warmup`` steps of each batch (DeepSpeed ZeRO-3 needs two in a process's first batch). Rows
+    run after an out-of-memory in the same process carry ``after_oom_in_process`` (the batch that ran out): their
+    peaks may include what the failed step left in the allocator."""
+    import gc
+
     import torch
 
     from benchmarks.common import synthetic_tokens
@@ -250,6 +254,8 @@ def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, ext
             continue
         row = {"system": system, "model": args.model, "seq": seq, "batch": batch, "tokens_per_step": batch * seq,
                "gpus": ranks.world, "head_as_configured": True, **(extra or {})}
+        if after_oom.smallest is not None:  # the process's memory went through an out-of-memory: say so in the row
+            row["after_oom_in_process"] = after_oom.smallest
         if batch % ranks.world:
             if ranks.rank == 0:
                 emit({**row, "status": f"skipped (batch not divisible by {ranks.world} ranks)"})
@@ -280,6 +286,10 @@ def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, ext
                 raise SystemExit(1) from None
             after_oom.ran_out(batch)
             oom_row = row
+        if row.get("status") == "oom":  # outside the handler, whose exception holds the failed step's tensors
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
             continue
         step = steady_step(times, warmup)
         rss, rss_peak = ranks.total(rss_gib()), ranks.total(rss_gib("VmHWM"))

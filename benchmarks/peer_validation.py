@@ -2,6 +2,7 @@
 
     python -m benchmarks.peer_validation --out DIR [--model qwen3-4b] [--seq 4096] [--batches 1 2 4 8]
         [--systems deepspeed-offload fsdp2-offload] [--calibrate clip|host] [--base h200-x1] [--no-contention]
+    python -m benchmarks.peer_validation --compare DIR [--repredict PROFILE]     # no GPU
 
 1. Calibrates what the peers' models lack on this host into DIR/profile.yaml. ``--calibrate clip`` (the
    default) times torch's clip_grad_norm_ over CPU gradients only (the rate FSDP2-offload's clip runs at) and keeps
@@ -9,13 +10,17 @@
    rate of this host (SlideDP's update modes, the peers' CPU AdamW and clip where installed, copy and cast), the
    GPU, PCIe and contention fields kept from BASE: what a user on a machine the profile never saw would run.
    ``--calibrate none`` takes BASE as it is (a profile an earlier call on the same machine wrote).
-2. Writes DIR/predictions.json: the simulator's step time, limiter and GPU / host memory for each of --systems
+2. Writes DIR/predictions.json: the simulator's step time, limiter, phases and GPU / host memory for each of --systems
    (measured names, simulated as slidedp.report.peers.SIMULATED_AS says) at every batch, and the contention
    experiments' predictions (benchmarks.contention) unless --no-contention, before anything is run. Nothing is
    fitted to the peers' step times.
 3. Measures the contention experiments, then the peers (benchmarks.peer_compare, one process per system).
-4. Writes DIR/comparison.md: predicted vs measured step time, GPU peak and host memory, and per system the first
-   batch out of GPU memory, predicted and measured.
+4. Writes DIR/comparison.md: predicted vs measured step time, GPU peak and host memory, per system the first
+   batch out of GPU memory, predicted and measured, and with --phases the phases (forward, backward, after backward,
+   the CPU clip), predicted and measured: a step within a few percent can hide phases off by a quarter.
+``--compare DIR`` rebuilds comparison.md from a fetched folder; ``--repredict PROFILE`` prints the comparison with
+every row predicted again from PROFILE by the models as they are now (post hoc: DIR keeps what was predicted before
+its runs).
 """
 
 from __future__ import annotations
@@ -96,15 +101,18 @@ def main() -> int:
     if args.compare:
         if not (Path(args.compare) / "predictions.json").is_file():
             parser.error(f"{args.compare} has no predictions.json: give a folder this script wrote")
+        hw = None
         if args.repredict:
             try:
                 hw = load_hardware(args.repredict)
             except (SlideDPError, OSError) as exc:
                 parser.error(f"--repredict {args.repredict}: {str(exc).splitlines()[0]}")
-            print(compare_folder(Path(args.compare), hw), end="")
-            return 0
-        text = compare_folder(Path(args.compare))
-        (Path(args.compare) / "comparison.md").write_text(text)
+        try:
+            text = compare_folder(Path(args.compare), hw)
+        except (SlideDPError, OSError, KeyError, ValueError) as exc:  # a folder this script did not write whole
+            parser.error(f"--compare {args.compare}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        if hw is None:  # a re-prediction is printed only: the folder keeps the predictions made before the runs
+            (Path(args.compare) / "comparison.md").write_text(text)
         print(text, end="")
         return 0
     if not args.out:
@@ -202,10 +210,10 @@ def measured_phases(phase_s: dict) -> dict[str, float]:
     """A measured row's phases (benchmarks.peer_setup.PhaseClock) on the simulator's split
     (slidedp.peers.plan.phase_seconds): forward, backward, and everything after backward, of which the clip where
     the system timed one apart (DeepSpeed clips inside its optimizer step)."""
-    out = {"forward": phase_s.get("forward", 0.0), "backward": phase_s.get("backward", 0.0)}
-    out["after_backward"] = sum(v for k, v in phase_s.items() if k not in ("forward", "backward"))
-    if "clip" in phase_s:
-        out["clip"] = phase_s["clip"]
+    out = {k: phase_s[k] for k in ("forward", "backward", "clip") if k in phase_s}
+    after = [v for k, v in phase_s.items() if k not in ("forward", "backward")]
+    if after:
+        out["after_backward"] = sum(after)
     return out
 
 
@@ -221,7 +229,7 @@ def phase_table(peers: dict, rows: list[dict]) -> list[str]:
         meas = measured_phases(r["phase_s"])
         cells = []
         for phase in ("forward", "backward", "after_backward", "clip"):
-            if phase in pred and phase in meas:
+            if phase in pred and meas.get(phase, 0.0) > 0:
                 cells.append(f"{pred[phase]:.3f} / {meas[phase]:.3f} ({error_text(pred[phase], meas[phase])})")
             else:
                 cells.append("-")
@@ -247,8 +255,9 @@ def compare_folder(folder: Path, repredict: HardwareProfile | None = None) -> st
         rows = read_jsonl(results)
         peers = {}
         for system, per in predictions["peers"].items():
-            row = next((r for r in rows if r["system"] == system), None)
-            if row is None:
+            # a row that ran (or ran out of memory) names the model as trained; "not run" rows lack that mark
+            row = next((r for r in rows if r.get("system") == system and r.get("status") in ("ok", "oom")), None)
+            if row is None or system not in SIMULATED_AS:
                 continue
             spec = spec_as_trained(load_model_spec(row["model"]), row)  # one model and seq per system and call
             peers[system] = {b: predict(SIMULATED_AS[system], row["model"], repredict, int(row["seq"]), int(b), spec)

@@ -31,7 +31,7 @@ def main() -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.common import synthetic_tokens
+    from benchmarks.common import require_cuda, synthetic_tokens
     from benchmarks.peer_setup import PhaseClock
     from benchmarks.peer_systems import resident_trainer
 
@@ -41,6 +41,7 @@ def main() -> int:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    require_cuda("benchmarks.resident_kernels")
     cfg, _, step = resident_trainer(args.model, "cuda", PhaseClock(False, True))
     with open(args.out, "w") as f:
         for batch in args.batches:
@@ -56,7 +57,7 @@ def main() -> int:
             by_name: dict[str, float] = defaultdict(float)
             counts: dict[str, int] = defaultdict(int)
             for e in prof.events():
-                if e.device_type.name != "CUDA":
+                if e.device_type.name != "CUDA" or e.is_user_annotation:  # kernels only, not record_function spans
                     continue
                 us = e.device_time
                 by_kind[kernel_kind(e.name)] += us / 1e6
@@ -161,7 +162,9 @@ def _elementwise_cases(tokens: int) -> tuple[list, dict]:
 def elementwise_backward(repeats: int = 20) -> dict:
     """Queued seconds of the HF memory-bound modules' forward and of forward + backward, at Qwen3-4B's widths
     (hidden 2560, q 4096, kv 1024, FFN 9728) and 4096 and 32768 tokens: the backward over the forward, which
-    slidedp.compute assumes to be ELEMENTWISE_BACKWARD_FACTOR (2) and no micro-benchmark has timed."""
+    slidedp.compute assumes to be ELEMENTWISE_BACKWARD_FACTOR (2) and no micro-benchmark has timed. At 4096 tokens
+    a module's kernels are short enough (tens of us) that queued calls may be bound by the CPU issuing them
+    (autograd.grad costs about 100 us of Python per call): read the 32768-token ratios as the kernels'."""
     import torch
 
     def queued(fn) -> float:

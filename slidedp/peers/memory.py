@@ -131,7 +131,7 @@ def estimate_peer_memory(step: PeerStep) -> PeerMemory:
         state += 2 * step.root_params
     streamed = [u for u in units if not (s.root_on_gpu and u.kind in ROOT_KINDS)]
     largest = max(u.params for u in streamed)
-    window = PEER_WINDOW * largest
+    window = step.fetch_window * largest
     # Gathered layers: each rank's fp32/bf16 shard copied in plus the unsharded bf16 weights it computes with;
     # or the system's own preallocated buffers, each sized for the largest streamed unit.
     if s.gpu_buffer_bytes:

@@ -16,9 +16,14 @@ from :class:`~slidedp.peers.step.PeerStep`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from slidedp.peers.step import GRAD_SYNC_OP, PEER_WINDOW, PeerStep
 from slidedp.resources import CORES, collective_usage, cpu_pass_usage, dma_usage
 from slidedp.schedule import Plan
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # Whole-model ops (the optimizer after backward) are recorded against unit 0, chunk -1, as SlideDP's gpu_adam is.
 _WHOLE = dict(unit=0, chunk=-1)
@@ -88,13 +93,8 @@ class _PeerBuilder:
                 ready[r] = [self._collective("allgather", r, u, ag_bytes, ready[r], group, "ag")]
         return ready
 
-    def fetch_window(self) -> int:
-        """A layer's fetch waits for the pass this many layers before it (PEER_WINDOW), or for the previous one
-        where the system's copy cannot overlap a pass (PeerSystem.fetch_overlaps_passes)."""
-        return PEER_WINDOW if self.step.system.fetch_overlaps_passes else 1
-
     def forward(self) -> None:
-        window = self.fetch_window()
+        window = self.step.fetch_window
         for u in range(self.count):
             ready = ({r: [] for r in range(self.n)} if not self.step.fetches(u, backward=False)
                      else self.fetch(u, lambda r, u=u: self.fwd.get((u - window, r))))
@@ -112,7 +112,7 @@ class _PeerBuilder:
         serial = step.system.serial_grad_copy is not None
         for u in range(self.count - 1, -1, -1):
             later = u + PEER_WINDOW
-            ahead = u + self.fetch_window()
+            ahead = u + step.fetch_window
             ready = ({r: [] for r in range(self.n)} if not step.fetches(u, backward=True)
                      else self.fetch(u, lambda r, ahead=ahead: self.bwd.get((ahead, r)), backward=True))
             seconds, flops = step.backward_s(u)
@@ -213,7 +213,7 @@ def build_peer_plan(step: PeerStep) -> Plan:
 AFTER_BACKWARD_OPS = ("clip", "adam", "cast", "gpu_adam")
 
 
-def phase_seconds(step: PeerStep, trace, step_s: float, rank: int = 0) -> dict[str, float]:
+def phase_seconds(step: PeerStep, trace: pd.DataFrame, step_s: float, rank: int = 0) -> dict[str, float]:
     """The phases a peer's benchmark times (benchmarks.peer_setup.PhaseClock) in a simulated step of ``step``:
     ``forward`` (until rank ``rank``'s last forward pass ends), ``backward`` (until the first op after backward
     starts: every gradient reduced and copied, since those ops wait for all of it), and ``after_backward`` (the
@@ -221,6 +221,8 @@ def phase_seconds(step: PeerStep, trace, step_s: float, rank: int = 0) -> dict[s
     CPU. A system that updates per unit has no phase after backward beyond the last updates' tail. Why: a step time
     within 2% can hide a forward 22% short and a clip 27% long (FSDP2-offload on the H200, twentieth session)."""
     ops = trace[trace["rank"] == rank]
+    if not (ops["op"] == "fwd").any():
+        raise ValueError(f"the trace has no forward pass of rank {rank}: not a peer step's trace")
     forward_end = float(ops.loc[ops["op"] == "fwd", "end_s"].max())
     after = ops[ops["op"].isin(AFTER_BACKWARD_OPS)]
     if step.system.update_per_unit or after.empty:

@@ -89,6 +89,13 @@ class PeerStep:
         self.system, self.w = system, w
         self.n = w.ranks
 
+    @property
+    def fetch_window(self) -> int:
+        """Layers a rank holds fetched at once: the computing one and the next (PEER_WINDOW), or only the computing
+        one where the system's copy cannot overlap a pass (PeerSystem.fetch_overlaps_passes): a layer's fetch waits
+        for the pass this many layers before it, in the plan and in the memory model alike."""
+        return PEER_WINDOW if self.system.fetch_overlaps_passes else 1
+
     # ---- which units move --------------------------------------------------------------------------------
     def fetches(self, u: int, backward: bool) -> bool:
         """Unit ``u`` is fetched (copied from the host and/or gathered) before this pass."""

@@ -427,10 +427,12 @@ def test_peer_timing_loop_skips_batches_no_smaller_than_one_that_ran_out_and_run
     oom = rows[1]
     assert rows[2] == {**oom, "batch": 8, "tokens_per_step": 64, "status": "skipped (oom at smaller)"}
     assert oom["error"].startswith("CUDA out of memory") and rows[3]["final_loss"] == 1.5
+    assert "after_oom_in_process" not in rows[0] and rows[3]["after_oom_in_process"] == 4  # its peaks may show it
     rows.clear()
     time_batches("fake", Namespace(**{**vars(args), "batches": [8, 4, 2, 1]}), Ranks(0, 1, "cpu"), 64, step,
                  rows.append)
     assert [r["status"] for r in rows] == ["oom", "oom", "ok", "ok"]
+    assert [r.get("after_oom_in_process") for r in rows] == [None, 8, 4, 4]
 
 
 def test_each_of_our_variants_has_a_search_space_a_worker_and_a_colour():
@@ -498,3 +500,20 @@ def test_a_driver_ended_by_sigterm_ends_its_workers_session_first(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 128 + signal.SIGTERM
     assert process_gone(child)
+
+
+def test_resident_kernels_sorts_kernels_by_kind_and_refuses_a_machine_without_a_gpu():
+    from benchmarks.resident_kernels import kernel_kind
+
+    assert kernel_kind("flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits<128, 64, 128>>") == \
+        "attention"
+    assert kernel_kind("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "gemm"
+    assert kernel_kind("nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NTN") == "gemm"
+    assert kernel_kind("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>") == \
+        "other"
+    import torch
+
+    if not torch.cuda.is_available():
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.resident_kernels", "--out", "x.jsonl"],
+                              capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr

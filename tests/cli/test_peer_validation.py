@@ -4,6 +4,7 @@ without a GPU (the runs themselves need one)."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,8 @@ from benchmarks.peer_validation import compare_folder, first_oom
 from slidedp.peers.systems import SYSTEMS as SIMULATED
 from slidedp.peers.systems import ZERO_BUCKET_PARAMS
 from slidedp.report.peers import COLORS, SIMULATED_AS, SYSTEMS
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_each_measured_peer_is_simulated_by_a_registered_system_and_has_a_worker_and_colour():
@@ -144,9 +147,28 @@ def test_repredict_predicts_a_calls_rows_again_from_another_profile(tmp_path):
     assert f"| resident | 1 | {expected['step_s']:.3f} ({expected['limiter']}) | 0.500 |" in text
     assert "9.000" not in text and "| resident | 1 | " in text.split("Phases")[1]
     assert json.loads((tmp_path / "predictions.json").read_text()) == predictions  # nothing rewritten
-    run = subprocess.run([sys.executable, "-m", "benchmarks.peer_validation", "--repredict", "h200-x1"],
-                         capture_output=True, text=True)
+
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "benchmarks.peer_validation", *argv], capture_output=True,
+                              text=True, timeout=120, cwd=REPO)
+
+    run = cli("--repredict", "h200-x1")
     assert run.returncode == 2 and "--repredict needs --compare DIR" in run.stderr
-    run = subprocess.run([sys.executable, "-m", "benchmarks.peer_validation", "--compare", str(tmp_path),
-                          "--repredict", "no-such-profile"], capture_output=True, text=True)
+    run = cli("--compare", str(tmp_path), "--repredict", "no-such-profile")
     assert run.returncode == 2 and "Traceback" not in run.stderr and "--repredict no-such-profile" in run.stderr
+    (tmp_path / "results.jsonl").write_text(json.dumps({**row, "model": "/no/such/config.json"}) + "\n")
+    run = cli("--compare", str(tmp_path), "--repredict", "h200-x1")  # a row naming a model not on this machine
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "--compare" in run.stderr.strip().splitlines()[-1] and "config" in run.stderr.strip().splitlines()[-1]
+    (tmp_path / "results.jsonl").unlink()
+    run = cli("--compare", str(tmp_path))  # a folder without its rows
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+
+
+def test_a_phase_table_row_shows_only_the_phases_both_sides_have():
+    from benchmarks.peer_validation import measured_phases, phase_table
+
+    assert measured_phases({"forward": 0.2, "backward": 0.5}) == {"forward": 0.2, "backward": 0.5}
+    peers = {"resident": {1: {"phase_s": {"forward": 0.1, "backward": 0.4, "after_backward": 0.05}}}}
+    rows = [{"system": "resident", "batch": 1, "status": "ok", "phase_s": {"forward": 0.2, "backward": 0.5}}]
+    assert "| resident | 1 | 0.100 / 0.200 (-50.0%) | 0.400 / 0.500 (-20.0%) | - | - |" in phase_table(peers, rows)

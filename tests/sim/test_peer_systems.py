@@ -11,7 +11,16 @@ from benchmarks.peer_setup import spec_as_trained
 from slidedp.errors import SlideDPError
 from slidedp.hardware import load_hardware
 from slidedp.model_spec import load_model_spec
-from slidedp.peers import SYSTEMS, PeerStep, build_peer_plan, peer_step, peer_workload, phase_seconds, simulate_peer
+from slidedp.peers import (
+    SYSTEMS,
+    PeerStep,
+    build_peer_plan,
+    estimate_peer_memory,
+    peer_step,
+    peer_workload,
+    phase_seconds,
+    simulate_peer,
+)
 from slidedp.peers.systems import (
     DEEPSPEED_CPU_ADAM,
     DEEPSPEED_CPU_ADAM_BF16,
@@ -182,8 +191,6 @@ def test_host_memory_of_the_offloading_peers_includes_what_they_were_measured_to
     """ZeRO-2-Offload held 27.8 B/param and FSDP2-offload 19.2 on the H200 (RSS), where their state is 16: the
     memory model adds the measured excess, so a 14B model does not 'fit' a 128 GiB host for DeepSpeed. DeepSpeed's
     rows trained Qwen3-4B with its head untied (4.41 G parameters), so they are set against that model."""
-    from slidedp.peers import estimate_peer_memory
-
     hw, spec = load_hardware("h200-x1"), load_model_spec("qwen3-4b")
     zero2 = estimate_peer_memory(peer_step("zero2-offload", spec, hw, 4096, 1))
     fsdp2 = estimate_peer_memory(peer_step("fsdp2-offload", spec, hw, 4096, 1))
@@ -359,3 +366,45 @@ def test_a_peers_phases_add_up_to_its_step_and_name_the_clip_where_it_runs_on_th
     if "clip" in phases:
         assert phases["clip"] == pytest.approx(_ops(sim, "clip")[1])
         assert phases["clip"] < phases["after_backward"]
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_fsdp2_offloads_backward_refetch_waits_for_the_layer_after_it(gpus):
+    """In backward a layer's re-fetch starts only when the layer after it (computed just before) has finished its
+    backward, on every rank; with copies that overlap, it may start a layer earlier than that."""
+    hw, model = machine(gpus), tiny_model()
+    for overlaps in (False, True):
+        system = dataclasses.replace(SYSTEMS["fsdp2-offload"], fetch_overlaps_passes=overlaps)
+        step = PeerStep(system, peer_workload(model, hw, 256, 2 * gpus))
+        t = simulate_peer(step).trace
+        for r in range(gpus):
+            mine = t[t["rank"] == r]
+            fwd_end = float(mine.loc[mine["op"] == "fwd", "end_s"].max())
+            refetch = mine[(mine["op"] == "h2d_param") & (mine["start_s"] >= fwd_end - 1e-12)]
+            bwd_end = mine[mine["op"] == "bwd"].set_index("unit")["end_s"]
+            waits = [row.start_s >= bwd_end[row.unit + 1] - 1e-12 for row in refetch.itertuples()
+                     if row.unit + 1 in bwd_end.index]
+            assert waits and all(waits) != overlaps
+
+
+def test_the_backward_ends_where_the_first_op_after_it_starts_once_every_gradient_is_on_the_host():
+    hw = machine()
+    for name in ("zero2-offload", "fsdp2-offload"):
+        step = PeerStep(SYSTEMS[name], peer_workload(tiny_model(), hw, 256, 2))
+        sim = simulate_peer(step)
+        phases = phase_seconds(step, sim.trace, sim.step_time_s)
+        backward_end = phases["forward"] + phases["backward"]
+        clip, _ = _ops(sim, "clip")
+        d2h, _ = _ops(sim, "d2h_grad")
+        assert backward_end == pytest.approx(float(clip["start_s"].min()))
+        assert backward_end >= float(d2h["end_s"].max()) - 1e-12
+    with pytest.raises(ValueError, match="no forward pass"):
+        phase_seconds(step, sim.trace[sim.trace["op"] != "fwd"], sim.step_time_s)
+
+
+def test_fsdp2_offload_holds_one_fetched_layer_where_its_copies_cannot_run_ahead():
+    hw = machine()
+    serial = estimate_peer_memory(PeerStep(SYSTEMS["fsdp2-offload"], peer_workload(tiny_model(), hw, 256, 1)))
+    ahead = estimate_peer_memory(PeerStep(dataclasses.replace(SYSTEMS["fsdp2-offload"], fetch_overlaps_passes=True),
+                                          peer_workload(tiny_model(), hw, 256, 1)))
+    assert ahead.gpu_forward > serial.gpu_forward and ahead.gpu_state == serial.gpu_state
