@@ -233,9 +233,10 @@ class PeerSystem:
     layer_host_floor: LayerHostFloor | None = None
     # Whether a layer's weight fetch overlaps the neighbouring layer's pass (fetched PEER_WINDOW layers ahead, in
     # forward and in backward's re-fetch). False: each layer's copy starts only after the previous layer's pass has
-    # ended, so each pass waits for its whole copy. Measured for FSDP2 + CPUOffloadPolicy on one H200 (twentieth
-    # session, c54): its forward ran 0.26-0.29 s longer than GPU-resident's at batch 1, 2, 4 and 8, the time its
-    # fp32 copy takes alone, and its backward by about as much again.
+    # ended, so each pass waits for its whole copy. Measured for FSDP2 + CPUOffloadPolicy (twentieth session): its
+    # forward ran 0.24-0.29 s longer than GPU-resident's in the same call at batch 1, 2, 4 and 8 on an H200 (0.27-0.30
+    # at 1 and 4 on an H100), about its fp32 copy's time alone (0.29 s); its backward 0.30-0.33 s longer at batch 1,
+    # falling to 0.12 s at 8: at larger batches part of the re-fetch hides, which this does not model.
     fetch_overlaps_passes: bool = True
     # The caching allocator's bytes beyond the allocated peak per byte allocated and freed within a step (measured:
     # ALLOCATOR_FRAGMENTATION); 0 where not measured.
