@@ -1,6 +1,6 @@
 # Device call for #14 (twentieth session), written 2026-12-07 19:26 UTC before the call. c54/c55: GPU-resident
 # Qwen3-4B's backward phase is over-predicted at batch 1 (0.357 s modelled, 0.330 measured) and under-predicted at
-# batch 8 (2.133 against 2.388), while its forward is within 3.4% at batch 4 and 8 (corrected 20:35 UTC, before it
+# batch 8 (2.133 against 2.388), while its forward is within 3.4% at batch 4 and 8 (corrected 20:00 UTC, before it
 # ran: c55's batch-1 forward is -14%): the modelled backward has a fixed part of
 # about 0.10 s (per-kernel costs fitted from micro-benchmarks timed one call at a time) and a per-sample slope 14%
 # below the measured one. Which operations? (1) CUDA kernel time of one resident step by kind at batch 1 and 8
