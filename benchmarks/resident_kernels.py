@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from collections.abc import Callable
 
 KINDS = (("attention", ("flash", "fmha", "attention", "sdpa")),
          ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "sm90", "cublas", "matmul")))
@@ -74,39 +75,33 @@ def main() -> int:
     return 0
 
 
+def _queued(fn: Callable[[], object], repeats: int) -> float:
+    """Seconds per call of ``repeats`` calls queued between two CUDA events, after one warm-up call: what the GPU
+    spends on them when the CPU runs ahead, as inside a training step."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(repeats):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / 1e3 / repeats
+
+
 def isolated_vs_queued(repeats: int = 20) -> dict:
     """Qwen3-4B-shaped RMSNorm, SDPA backward and a GEMM, each timed as calibration.shape_bench times it (CUDA events
     around one call, synchronised between calls) and queued (``repeats`` calls between two events): how much of a
     micro-benchmark's fixed cost per call is the GPU waiting for the CPU, which a step's queued kernels hide."""
-    import statistics
-
     import torch
     import torch.nn.functional as F
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
-    def isolated(fn) -> float:
-        fn()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(repeats):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        return statistics.median(times)
+    from slidedp.calibration.shape_bench import Timer
 
-    def queued(fn) -> float:
-        fn()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(repeats):
-            fn()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) / 1e3 / repeats
+    isolated = Timer(torch.device("cuda"), repeats, max_seconds=2.0).seconds  # the calibration's own timing
 
     out = {}
     for tokens in (4096, 32768):
@@ -124,7 +119,7 @@ def isolated_vs_queued(repeats: int = 20) -> dict:
         for name, fn in fns.items():
             ctx = torch.no_grad() if name != "sdpa_bwd" else torch.enable_grad()
             with ctx:
-                out[f"{name}@{tokens}"] = {"isolated_s": isolated(fn), "queued_s": queued(fn)}
+                out[f"{name}@{tokens}"] = {"isolated_s": isolated(fn), "queued_s": _queued(fn, repeats)}
         del x, q, kv, o, g
     print(json.dumps(out), flush=True)
     return {"isolated_vs_queued": out}
@@ -167,24 +162,13 @@ def elementwise_backward(repeats: int = 20) -> dict:
     (autograd.grad costs about 100 us of Python per call): read the 32768-token ratios as the kernels'."""
     import torch
 
-    def queued(fn) -> float:
-        fn()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(repeats):
-            fn()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) / 1e3 / repeats
-
     out = {}
     for tokens in (4096, 32768):
         leaves, cases = _elementwise_cases(tokens)
         for name, (fwd, bwd) in cases.items():
             with torch.no_grad():
-                f_s = queued(fwd)
-            fb_s = queued(lambda fwd=fwd, bwd=bwd: bwd(fwd()))
+                f_s = _queued(fwd, repeats)
+            fb_s = _queued(lambda fwd=fwd, bwd=bwd: bwd(fwd()), repeats)
             out[f"{name}@{tokens}"] = {"forward_s": f_s, "forward_backward_s": fb_s,
                                        "backward_over_forward": (fb_s - f_s) / f_s}
         del leaves, cases

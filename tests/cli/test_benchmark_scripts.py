@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -296,11 +297,17 @@ def test_kernel_ab_times_two_builds_of_the_exact_update():
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
+
+def _train_summary() -> SimpleNamespace:
+    """What benchmarks.common.train_run returns for a run that trained (the fields run_slidedp_train reads)."""
+    return SimpleNamespace(policy={"kept_layers": 0}, step_time_s=1.0, tokens_per_s=16.0, model_tflops_per_gpu=1.0,
+                           gpu_peak_gib=1.0, host_rss_peak_gib=1.0, limiter="cpu", predicted_step_time_s=1.1,
+                           predicted_limiter="cpu", given={"predicted_limiter"}, final_loss=4.0)
+
 def test_slidedp_train_driver_plans_again_for_less_after_running_out_of_gpu_memory(tmp_path, tiny_config, monkeypatch):
     """`slidedp train` exiting with OutOfGpuMemory's code makes the driver tune again for 85% of the budget, into
     a run directory of its own, and the row says which budgets ran out; any other failure is a row at once."""
     from argparse import Namespace
-    from types import SimpleNamespace
 
     import benchmarks.common
     from benchmarks.peer_systems import run_slidedp_train
@@ -313,10 +320,7 @@ def test_slidedp_train_driver_plans_again_for_less_after_running_out_of_gpu_memo
         calls.append(out.name)
         if len(calls) == 1:
             return OutOfGpuMemory.exit_code, None
-        return 0, SimpleNamespace(policy={"kept_layers": 0}, step_time_s=1.0, tokens_per_s=16.0,
-                                  model_tflops_per_gpu=1.0, gpu_peak_gib=1.0, host_rss_peak_gib=1.0, limiter="cpu",
-                                  predicted_step_time_s=1.1, predicted_limiter="cpu", given={"predicted_limiter"},
-                                  final_loss=4.0)
+        return 0, _train_summary()
 
     monkeypatch.setattr(benchmarks.common, "train_run", fake_train)
     args = Namespace(profile="h200-x1", gpus=1, model=str(tiny_config), slidedp_gpu_budget=40.0, device="cpu",
@@ -371,7 +375,6 @@ def test_slidedp_train_driver_still_runs_smaller_batches_that_come_after_an_oom(
     """Batches out of order (device scripts pass ``--batches 1 4 8 1``): after batch 4 runs out of GPU memory at
     every budget, batch 8 is a row without a run and the final batch 1 still runs; descending, all smaller run."""
     from argparse import Namespace
-    from types import SimpleNamespace
 
     import benchmarks.common
     from benchmarks.peer_systems import run_slidedp_train
@@ -383,10 +386,7 @@ def test_slidedp_train_driver_still_runs_smaller_batches_that_come_after_an_oom(
         calls.append(batch)
         if batch >= 4:
             return OutOfGpuMemory.exit_code, None
-        return 0, SimpleNamespace(policy={"kept_layers": 0}, step_time_s=1.0, tokens_per_s=16.0,
-                                  model_tflops_per_gpu=1.0, gpu_peak_gib=1.0, host_rss_peak_gib=1.0, limiter="cpu",
-                                  predicted_step_time_s=1.1, predicted_limiter="cpu", given={"predicted_limiter"},
-                                  final_loss=4.0)
+        return 0, _train_summary()
 
     monkeypatch.setattr(benchmarks.common, "train_run", fake_train)
     args = Namespace(profile="h200-x1", gpus=1, model=str(tiny_config), slidedp_gpu_budget=40.0, device="cpu",
