@@ -286,10 +286,8 @@ def time_batches(system: str, args, ranks: Ranks, vocab: int, step_fn, emit, ext
                 raise SystemExit(1) from None
             after_oom.ran_out(batch)
             oom_row = row
-        if row.get("status") == "oom":  # outside the handler, whose exception holds the failed step's tensors
-            gc.collect()
-            if cuda:
-                torch.cuda.empty_cache()
+        if row.get("status") == "oom":  # outside the handler, whose exception holds the failed step's tensors;
+            gc.collect()  # the next batch empties the allocator's cache before it runs
             continue
         step = steady_step(times, warmup)
         rss, rss_peak = ranks.total(rss_gib()), ranks.total(rss_gib("VmHWM"))

@@ -60,10 +60,10 @@ def main() -> int:
             for e in prof.events():
                 if e.device_type.name != "CUDA" or e.is_user_annotation:  # kernels only, not record_function spans
                     continue
-                us = e.device_time
-                by_kind[kernel_kind(e.name)] += us / 1e6
-                by_name[e.name[:90]] += us / 1e6
-                counts[kernel_kind(e.name)] += 1
+                kind, seconds = kernel_kind(e.name), e.device_time / 1e6
+                by_kind[kind] += seconds
+                by_name[e.name[:90]] += seconds
+                counts[kind] += 1
             top = sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
             row = {"batch": batch, "seq": args.seq, "kind_s": dict(by_kind), "kernels": dict(counts),
                    "total_s": sum(by_kind.values()), "top": top}
@@ -112,10 +112,9 @@ def isolated_vs_queued(repeats: int = 20) -> dict:
         kv = torch.randn(tokens // 4096, 8, 4096, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
         o = F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
         g = torch.randn_like(o)
-        with torch.no_grad():
-            fns = {"rmsnorm": lambda x=x, norm=norm: norm(x), "gemm_up": lambda x=x, w=w: x @ w.t(),
-                   "residual": lambda x=x: x + x}
-        fns["sdpa_bwd"] = lambda o=o, g=g, q=q, kv=kv: torch.autograd.grad(o, (q, kv), g, retain_graph=True)
+        fns = {"rmsnorm": lambda x=x, norm=norm: norm(x), "gemm_up": lambda x=x, w=w: x @ w.t(),
+               "residual": lambda x=x: x + x,
+               "sdpa_bwd": lambda o=o, g=g, q=q, kv=kv: torch.autograd.grad(o, (q, kv), g, retain_graph=True)}
         for name, fn in fns.items():
             ctx = torch.no_grad() if name != "sdpa_bwd" else torch.enable_grad()
             with ctx:
