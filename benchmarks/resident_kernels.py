@@ -6,6 +6,7 @@ with the batch than the compute model says. This times kernels with torch.profil
 and writes one JSON row per batch: total kernel seconds by kind and the 15 largest kernels.
 
     python -m benchmarks.resident_kernels --model qwen3-4b --batches 1 8 --out kernels.jsonl
+    python -m benchmarks.resident_kernels --compare kernels.jsonl --profile PROFILE   # beside the compute model
 """
 
 from __future__ import annotations
@@ -28,6 +29,47 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
+def model_kernel_seconds(spec, hw, batch: int, seq: int) -> dict[str, float]:
+    """The compute model's seconds of one GPU-resident step's operations by the profiler's kinds: every unit's
+    forward, recomputed forward and backward operations (the plan's, without the passes' dispatch floors and fixed
+    costs, which are not kernel time), and the clip + fused AdamW passes (PeerStep.gpu_adam_s) as ``other``."""
+    from slidedp.compute import Attention, Gemm
+    from slidedp.peers import SYSTEMS, PeerStep, peer_workload
+    from slidedp.peers.step import peer_policy
+    from slidedp.workload import policy_unit_work
+
+    curves = hw.gpu.compute
+    out = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    for work in policy_unit_work(spec, peer_policy(batch), seq):
+        for op in (*work.fwd_ops, *work.recompute_ops, *work.bwd_ops):
+            kind = "gemm" if isinstance(op, Gemm) else "attention" if isinstance(op, Attention) else "other"
+            out[kind] += curves.seconds(op) * work.micro_batches
+    step = PeerStep(SYSTEMS["ddp-resident"], peer_workload(spec, hw, seq, batch))
+    out["other"] += step.gpu_adam_s()
+    return out
+
+
+def compare(path: str, profile: str) -> int:
+    """Measured kernel seconds by kind (rows of a --out file) beside model_kernel_seconds, per batch."""
+    from benchmarks.zero2_heldout import model_spec
+    from slidedp.hardware import load_hardware
+
+    hw = load_hardware(profile)
+    if hw.gpu.compute is None:
+        raise SystemExit(f"{profile}: no compute curves to compare with")
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    print(f"{'batch':>5} {'kind':<10} {'model s':>8} {'measured':>8} {'error':>7}")
+    for row in (r for r in rows if "batch" in r):
+        spec = model_spec(row.get("model", "qwen3-4b"))  # the tied head as configured: trained so since 2026-12-07
+        model = model_kernel_seconds(spec, hw, row["batch"], row["seq"])
+        for kind in ("gemm", "attention", "other"):
+            measured = row["kind_s"].get(kind, 0.0)
+            error = f"{(model[kind] / measured - 1) * 100:+6.1f}%" if measured else "    -"
+            print(f"{row['batch']:>5} {kind:<10} {model[kind]:>8.3f} {measured:>8.3f} {error:>7}")
+    return 0
+
+
 def main() -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -40,8 +82,14 @@ def main() -> int:
     p.add_argument("--model", default="qwen3-4b")
     p.add_argument("--seq", type=int, default=4096)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--out", required=True)
+    p.add_argument("--out")
+    p.add_argument("--compare", metavar="FILE", help="print a --out file's kernel seconds beside the model's")
+    p.add_argument("--profile", default="h200-x1", help="the profile whose compute curves --compare prices with")
     args = p.parse_args()
+    if args.compare:
+        return compare(args.compare, args.profile)
+    if not args.out:
+        p.error("--out is required (or --compare FILE)")
     require_cuda("benchmarks.resident_kernels")
     cfg, _, step = resident_trainer(args.model, "cuda", PhaseClock(False, True))
     with open(args.out, "w") as f:
@@ -65,8 +113,8 @@ def main() -> int:
                 by_name[e.name[:90]] += seconds
                 counts[kind] += 1
             top = sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
-            row = {"batch": batch, "seq": args.seq, "kind_s": dict(by_kind), "kernels": dict(counts),
-                   "total_s": sum(by_kind.values()), "top": top}
+            row = {"model": args.model, "batch": batch, "seq": args.seq, "kind_s": dict(by_kind),
+                   "kernels": dict(counts), "total_s": sum(by_kind.values()), "top": top}
             print(json.dumps(row), flush=True)
             f.write(json.dumps(row) + "\n")
             torch.cuda.empty_cache()

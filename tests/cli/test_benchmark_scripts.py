@@ -517,3 +517,30 @@ def test_resident_kernels_sorts_kernels_by_kind_and_refuses_a_machine_without_a_
         proc = subprocess.run([sys.executable, "-m", "benchmarks.resident_kernels", "--out", "x.jsonl"],
                               capture_output=True, text=True, timeout=120, cwd=REPO)
         assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_resident_kernels_prices_a_resident_step_by_kind_in_closed_form():
+    """With no small-shape penalties and no fixed costs, the model's GEMM seconds of one GPU-resident step are its
+    matmul FLOPs (every layer's forward, recomputed forward and twice-as-long backward; the head's forward and
+    backward) over the GEMM rate, and its attention seconds two forwards and one 2.5x backward at their rates."""
+    from dataclasses import replace
+
+    from benchmarks.resident_kernels import model_kernel_seconds
+    from slidedp.hardware import load_hardware
+    from slidedp.model_spec import ModelSpec
+
+    hw = load_hardware("h200-x1")
+    curves = replace(hw.gpu.compute, gemm_half_m=0.0, gemm_half_n=0.0, gemm_half_k=0.0, kernel_us=0.0,
+                     attention_half_seq=0.0, attention_fwd_us=0.0, attention_bwd_us=0.0, step_factor=1.0)
+    hw = replace(hw, gpu=replace(hw.gpu, compute=curves))
+    spec = ModelSpec(name="plain", layers=3, hidden=256, ffn=768, heads=4, kv_heads=2, head_dim=64, vocab=1000,
+                     tied_embeddings=True)
+    batch, seq = 2, 512
+    tokens = batch * seq
+    got = model_kernel_seconds(spec, hw, batch, seq)
+    gemm_flops = tokens * (4 * spec.layers * spec.layer_linear_flops_per_token() + 3 * spec.head_flops_per_token())
+    assert got["gemm"] == pytest.approx(gemm_flops / (curves.gemm_tflops * 1e12), rel=1e-9)
+    attention = tokens * spec.layers * spec.layer_attention_flops_per_token(seq)
+    assert got["attention"] == pytest.approx(2 * attention / (curves.attention_fwd_tflops * 1e12)
+                                             + 2.5 * attention / (curves.attention_bwd_tflops * 1e12), rel=1e-9)
+    assert got["other"] > 0
