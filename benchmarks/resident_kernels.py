@@ -139,17 +139,37 @@ def _queued(fn: Callable[[], object], repeats: int) -> float:
     return a.elapsed_time(b) / 1e3 / repeats
 
 
+def _isolated(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds of one call between two CUDA events, synchronised between calls (calibration.shape_bench's
+    timing until 2026-12-07, c56)."""
+    import statistics
+
+    import torch
+
+    fn()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+
+
 def isolated_vs_queued(repeats: int = 20) -> dict:
-    """Qwen3-4B-shaped RMSNorm, SDPA backward and a GEMM, each timed as calibration.shape_bench times it (CUDA events
-    around one call, synchronised between calls) and queued (``repeats`` calls between two events): how much of a
-    micro-benchmark's fixed cost per call is the GPU waiting for the CPU, which a step's queued kernels hide."""
+    """Qwen3-4B-shaped RMSNorm, SDPA backward and a GEMM, each timed one call at a time between events (calibration's
+    timing until c56), queued (``repeats`` calls between two events) and by calibration.shape_bench.Timer (queued
+    behind a held GPU): how much of a micro-benchmark's fixed cost per call is the GPU waiting for the CPU, which a
+    step's queued kernels hide."""
     import torch
     import torch.nn.functional as F
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
     from slidedp.calibration.shape_bench import Timer
 
-    isolated = Timer(torch.device("cuda"), repeats, max_seconds=2.0).seconds  # the calibration's own timing
+    queued_held = Timer(torch.device("cuda"), 5, max_seconds=2.0).seconds  # the calibration's timing since c56
 
     out = {}
     for tokens in (4096, 32768):
@@ -166,7 +186,8 @@ def isolated_vs_queued(repeats: int = 20) -> dict:
         for name, fn in fns.items():
             ctx = torch.no_grad() if name != "sdpa_bwd" else torch.enable_grad()
             with ctx:
-                out[f"{name}@{tokens}"] = {"isolated_s": isolated(fn), "queued_s": _queued(fn, repeats)}
+                out[f"{name}@{tokens}"] = {"isolated_s": _isolated(fn, repeats), "queued_s": _queued(fn, repeats),
+                                           "timer_s": queued_held(fn)}
         del x, q, kv, o, g
     print(json.dumps(out), flush=True)
     return {"isolated_vs_queued": out}

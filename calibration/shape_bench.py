@@ -6,9 +6,9 @@ memory-bound modules; one chunk of the runtime's loss head over the vocabularies
 one target model, so the fitted curves price a model nobody calibrated on. Whole decoder layers of a calibration
 model are timed too, only to fit the per-pass overhead.
 
-Timing: CUDA events around each run after a warm-up, median of ``repeats``; on a CPU the host clock, fp32
-and a small grid (the path the tests use). Every benchmark is bounded: a shape whose warm-up run takes
-longer than ``max_seconds`` is timed once.
+Timing: on CUDA, queued calls between two events with the GPU held busy while the CPU issues them (Timer), median
+of ``repeats`` groups; on a CPU the host clock, fp32 and a small grid (the path the tests use). Every benchmark is
+bounded: a shape whose warm-up run takes longer than ``max_seconds`` is timed once.
 """
 
 from __future__ import annotations
@@ -46,30 +46,76 @@ CPU_HEADS = ((32, 16, 300), (64, 32, 500))
 CPU_ELEMENTWISE = ((256, 64), (1024, 128))
 
 
+# A CUDA timing group queues calls of one operation up to this many, or this many seconds of them.
+QUEUED_CALLS, QUEUED_SECONDS = 20, 0.05
+HOLD_MAX_SECONDS = 0.2  # the longest the GPU is held busy before a group (torch.cuda._sleep)
+
+
+def queued_calls(warm_seconds: float) -> int:
+    """Calls of an operation one timing group queues: up to QUEUED_CALLS, about QUEUED_SECONDS of them by its
+    warm-up call's time (which includes the first call's kernel selection, so the group errs short)."""
+    return max(1, min(QUEUED_CALLS, int(QUEUED_SECONDS / max(warm_seconds, 1e-9))))
+
+
 class Timer:
+    """Seconds of one call of an operation as the GPU runs it inside a training step.
+
+    Why queued: in a step the CPU issues kernels ahead of the GPU, so a kernel follows the previous one without a
+    gap. One call between two events, synchronised between calls (as this timer did until 2026-12-07), adds the
+    launch and the event's latency to every sample: on an H100, 16-35 us for a residual add, an RMSNorm and a GEMM
+    at 4096 tokens and about 100 us for SDPA's backward (benchmarks/RESULTS.md, call56), which the fits took for
+    fixed costs per kernel (kernel_us 26.5 us) that a step never pays. So each sample is a group of
+    ``queued_calls`` calls between two events, issued while the GPU is held busy (torch.cuda._sleep for 1.5x the
+    time the CPU takes to issue the group) so the group's time is the GPU's alone. On a CPU: the host clock
+    around each call."""
+
     def __init__(self, device: torch.device, repeats: int, max_seconds: float):
         self.device, self.repeats, self.max_seconds = device, repeats, max_seconds
         self.cuda = device.type == "cuda"
+        self._sleep_cycles_per_s: float | None = None
 
     def seconds(self, fn: Callable[[], None]) -> float:
         t0 = time.perf_counter()
         fn()  # warm-up: kernel selection, allocator, page faults
         self._sync()
-        repeats = 1 if time.perf_counter() - t0 > self.max_seconds else self.repeats
-        times = []
-        for _ in range(repeats):
-            if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-            else:
+        warm = time.perf_counter() - t0
+        repeats = 1 if warm > self.max_seconds else self.repeats
+        if not self.cuda:
+            times = []
+            for _ in range(repeats):
                 t = time.perf_counter()
                 fn()
                 times.append(time.perf_counter() - t)
+            return statistics.median(times)
+        calls = queued_calls(warm)
+        t = time.perf_counter()
+        fn()  # the CPU's time to issue one call (the GPU may still be running it)
+        issue = time.perf_counter() - t
+        self._sync()
+        times = []
+        for _ in range(repeats):
+            self._hold_gpu(1.5 * calls * issue)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / calls)
         return statistics.median(times)
+
+    def _hold_gpu(self, seconds: float) -> None:
+        """Queue a spin kernel of about ``seconds`` (at most HOLD_MAX_SECONDS) so the calls queued after it start
+        back to back once it ends, whatever the CPU's issue time."""
+        if self._sleep_cycles_per_s is None:
+            cycles = 10_000_000
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            self._sleep_cycles_per_s = cycles / max(start.elapsed_time(end) / 1e3, 1e-6)
+        torch.cuda._sleep(int(min(seconds, HOLD_MAX_SECONDS) * self._sleep_cycles_per_s))
 
     def _sync(self) -> None:
         if self.cuda:
