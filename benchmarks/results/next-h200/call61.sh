@@ -1,4 +1,4 @@
-# Device call for #14 (twenty-first session), written 2026-12-07 21:41 UTC before it ran; predictions in
+# Device call for #14 (twenty-first session), written 2026-12-07 21:25 UTC before it ran; predictions in
 # benchmarks/RESULTS.md ("Predictions for call61"). On an H100 (the H200 kinds were refused all session).
 # 1. resident_kernels at batch 1: one-call, plain queued and the new Timer's seconds side by side.
 # 2. A full `slidedp calibrate` with the new Timer, the card's preset as --base.
