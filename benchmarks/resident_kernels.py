@@ -34,17 +34,18 @@ def model_kernel_seconds(spec, hw, batch: int, seq: int) -> dict[str, float]:
     forward, recomputed forward and backward operations (the plan's, without the passes' dispatch floors and fixed
     costs, which are not kernel time), and the clip + fused AdamW passes (PeerStep.gpu_adam_s) as ``other``."""
     from slidedp.compute import Attention, Gemm
-    from slidedp.peers import SYSTEMS, PeerStep, peer_workload
+    from slidedp.peers import SYSTEMS, PeerStep, system_workload
     from slidedp.peers.step import peer_policy
     from slidedp.workload import policy_unit_work
 
     curves = hw.gpu.compute
     out = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
-    for work in policy_unit_work(spec, peer_policy(batch), seq):
+    system = SYSTEMS["ddp-resident"]
+    for work in policy_unit_work(spec, peer_policy(batch), seq, precision=system.precision):
         for op in (*work.fwd_ops, *work.recompute_ops, *work.bwd_ops):
             kind = "gemm" if isinstance(op, Gemm) else "attention" if isinstance(op, Attention) else "other"
             out[kind] += curves.seconds(op) * work.micro_batches
-    step = PeerStep(SYSTEMS["ddp-resident"], peer_workload(spec, hw, seq, batch))
+    step = PeerStep(system, system_workload(system, spec, hw, seq, batch))
     out["other"] += step.gpu_adam_s()
     return out
 

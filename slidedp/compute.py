@@ -225,6 +225,39 @@ class ComputeCurves:
 
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 
+# Numerics of a layer's forward: ``bf16`` weights and activations (SlideDP, and peers that compute in bf16: DeepSpeed,
+# FSDP2's MixedPrecisionPolicy), or ``amp-fp32``: fp32 weights under torch.autocast (plain GPU-resident training).
+# Under autocast the embedding's fp32 output keeps the residual stream fp32 (a norm's fp32 weight times its fp32 input
+# stays fp32), so every projection casts its input (q, k, v, gate, up: 5 casts, 6 B per element each), the residual
+# adds read and write fp32 (+4 B each, 2 a layer) and the two RMSNorms skip their casts (-8 B each): +22 B per element
+# of the hidden state. The q/k norms' fp32 weights make q and k fp32 (+2 B), rotary runs in fp32 (cos and sin follow
+# the stream's dtype: +22 B) and SDPA casts q and k back (+6 B): +30 B per element of q and k (also counted for layers
+# without q/k norms: their rotary reads bf16 q and k but multiplies them by the fp32 cos and sin, so it writes fp32
+# and SDPA casts back, about as much). The weights are cast to bf16 in forward and again in the recomputed forward,
+# and each bf16 weight gradient is cast to fp32 (6 B per parameter each). Measured (benchmarks/RESULTS.md, call56): on
+# an H100 the memory-bound kernels of a GPU-resident Qwen3-4B step grew by 0.221 s per sequence of 4096 tokens where
+# the bf16 operations' count says 0.164; these counts add 34% to that count's forward bytes.
+BF16, AMP_FP32 = "bf16", "amp-fp32"
+PRECISIONS = (BF16, AMP_FP32)
+AMP_STREAM_BYTES, AMP_QK_BYTES, AMP_STREAM_KERNELS = 22, 30, 3  # per element of hidden / of q and k; kernels
+AMP_WEIGHT_CAST_BYTES = 6  # fp32 -> bf16 weight (read 4, write 2), and bf16 -> fp32 gradient
+
+
+def check_precision(name: str) -> str:
+    """``name`` if it is a layer numerics the compute model prices, else one line naming them."""
+    if name not in PRECISIONS:
+        raise SlideDPError(f"precision {name!r}: choose one of {', '.join(PRECISIONS)}")
+    return name
+
+
+def amp_fp32_ops(tokens: int, hidden: int, qk: int, layer_params: int, tensors: int) -> list[ComputeOp]:
+    """What a decoder layer's forward under autocast over fp32 weights moves beyond its bf16 operations (AMP_FP32):
+    the fp32 stream's casts and wider elementwise traffic, and the weights' casts (their backward is the gradients'
+    casts: one pass, not ELEMENTWISE_BACKWARD_FACTOR)."""
+    return [Elementwise("amp_stream", float(tokens * (AMP_STREAM_BYTES * hidden + AMP_QK_BYTES * qk)),
+                        AMP_STREAM_KERNELS),
+            Elementwise("amp_weight_cast", float(layer_params * AMP_WEIGHT_CAST_BYTES), tensors, backward_factor=1)]
+
 
 def check_attention(name: str) -> str:
     """``name`` if it is an attention kernel the compute model prices, else one line naming them."""

@@ -189,13 +189,14 @@ class ModelSpec:
         return 9 + (3 if self.attn_bias else 0) + (2 if self.qk_norm else 0)
 
     def layer_forward_ops(self, batch: int, seq: int, span: float | None = None,
-                          attention: str = "sdpa") -> list[c.ComputeOp]:
+                          attention: str = "sdpa", precision: str = c.BF16) -> list[c.ComputeOp]:
         """One decoder layer's forward on ``batch`` sequences of ``seq`` tokens, as the HF layer runs it:
         RMSNorm, q/k/v projections (+ biases: Qwen2), q/k norms (Qwen3), rotary, flash attention, output
         projection, residual, RMSNorm, gate/up projections, SwiGLU, down projection, residual. ``span``: packed
         rows whose attention stays inside examples of this token-weighted mean length (None: whole rows).
         ``attention``: ``sdpa`` (flash; SlideDP and most peers) or ``eager`` (every score materialised:
-        slidedp.compute.eager_attention_ops; whole rows only)."""
+        slidedp.compute.eager_attention_ops; whole rows only). ``precision``: ``amp-fp32`` adds what autocast over
+        fp32 weights moves (slidedp.compute.amp_fp32_ops)."""
         t, h, q, kv = batch * seq, self.hidden, self.q_dim, self.kv_dim
         if c.check_attention(attention) == "eager":
             if span is not None:
@@ -219,6 +220,8 @@ class ModelSpec:
             c.Elementwise("residual", t * h * c.RESIDUAL_BYTES, c.RESIDUAL_KERNELS),
             *self._mlp_block_ops([(t, 1)]),
         ]
+        if c.check_precision(precision) == c.AMP_FP32:
+            ops += c.amp_fp32_ops(t, h, q + kv, self.layer_params, self.layer_tensors)
         return ops
 
     def _rmsnorm_op(self, tokens: int, passes: int) -> c.Elementwise:

@@ -122,13 +122,14 @@ def attention_span(lengths: list[int] | tuple[int, ...]) -> float:
 def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int, seq: int,
               loss_chunk_tokens: int = 4096, seq_tile_tokens: int = 0,
               attention_span: float | None = None, attention: str = "sdpa",
-              kept_layers: int = 0) -> tuple[UnitWork, ...]:
+              kept_layers: int = 0, precision: str = "bf16") -> tuple[UnitWork, ...]:
     """The units of ``m`` with their work for one activation policy, micro-batching and sequence tile.
     ``kept_layers``: under ``recompute``, the last k decoder layers keep their graphs (Policy.kept_layers): the
     one rule of which layers recompute, followed by the runtime (UnitWork.recompute) and the models alike.
     ``attention_span``: packed rows whose attention stays inside each example (the varlen kernel), priced by the
     examples' token-weighted mean length (:func:`attention_span`); None: every row is one causal sequence.
-    ``attention``: the kernel (ModelSpec.layer_forward_ops); eager computes the masked half of the scores too."""
+    ``attention``: the kernel (ModelSpec.layer_forward_ops); eager computes the masked half of the scores too.
+    ``precision``: the layers' numerics (slidedp.compute.PRECISIONS; a peer's, PeerSystem.precision)."""
     mb_tokens = seq * micro_batch
     recompute = activation in RECOMPUTING_ACTIVATIONS
     if kept_layers > m.layers:
@@ -141,7 +142,7 @@ def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int
     units = [UnitWork(0, "embed", "embed", m.embedding_params, 0.0, 0.0, mb_tokens, accumulation, False, 0.0,
                       pinned=m.tied_embeddings, fwd_ops=tuple(embed_fwd), bwd_ops=tuple(embed_bwd),
                       step_ops=tuple(gradient_ops(m.embedding_params, 1, 0)))]
-    layer_fwd = tuple(m.layer_forward_ops(micro_batch, seq, attention_span, attention))
+    layer_fwd = tuple(m.layer_forward_ops(micro_batch, seq, attention_span, attention, precision))
     layer_bwd = tuple(backward_ops(list(layer_fwd)))
     tile_ops = tuple(m.tile_recompute_ops(micro_batch, seq, seq_tile_tokens))
     tile_flops = sum(op.flops for op in tile_ops)

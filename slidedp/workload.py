@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from slidedp.compute import check_attention
+from slidedp.compute import check_attention, check_precision
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GB, GPUSpec, HardwareProfile
 from slidedp.model_spec import BF16_BYTES, ModelSpec
@@ -51,18 +51,19 @@ def unit_inputs(policy: Policy) -> tuple:
 
 
 def policy_unit_work(model: ModelSpec, policy: Policy, seq: int, attention_span: float | None = None,
-                     attention: str = "sdpa") -> tuple[UnitWork, ...]:
+                     attention: str = "sdpa", precision: str = "bf16") -> tuple[UnitWork, ...]:
     """unit_work for the fields of ``policy`` it depends on (unit_inputs): the one place that maps a policy to
     its units' work, for the runtime (which layers recompute, the trace's FLOPs) and, timed by policy_units, for
     the workload, the tuner's cache and the calibration's refits."""
     return unit_work(model, policy.activation, policy.micro_batch, policy.accumulation, seq,
-                     policy.loss_chunk_tokens, policy.seq_tile_tokens, attention_span, attention, policy.kept_layers)
+                     policy.loss_chunk_tokens, policy.seq_tile_tokens, attention_span, attention, policy.kept_layers,
+                     precision)
 
 
 def policy_units(model: ModelSpec, gpu: GPUSpec, policy: Policy, seq: int, attention_span: float | None = None,
-                 attention: str = "sdpa") -> tuple[Unit, ...]:
+                 attention: str = "sdpa", precision: str = "bf16") -> tuple[Unit, ...]:
     """The units of ``policy_unit_work`` timed on ``gpu``."""
-    return time_units(policy_unit_work(model, policy, seq, attention_span, attention), gpu)
+    return time_units(policy_unit_work(model, policy, seq, attention_span, attention, precision), gpu)
 
 
 class StepWorkload:
@@ -75,7 +76,7 @@ class StepWorkload:
 
     def __init__(self, model: ModelSpec, hw: HardwareProfile, policy: Policy, seq: int, global_batch: int,
                  units: tuple[Unit, ...] | None = None, hosts: int = 1, attention_span: float | None = None,
-                 attention: str = "sdpa"):
+                 attention: str = "sdpa", precision: str = "bf16"):
         if not isinstance(seq, int) or seq < 1:
             raise SlideDPError(f"sequence length must be a positive integer, got {seq!r}")
         if not isinstance(global_batch, int) or global_batch < 1:
@@ -95,6 +96,7 @@ class StepWorkload:
         if attention_span is not None and not 0 < attention_span <= seq:
             raise SlideDPError(f"attention span must be in (0, seq {seq}], got {attention_span!r}")
         check_attention(attention)
+        check_precision(precision)
         threads = default_adam_threads(hw, policy)
         if threads * n > hw.host.cores:
             raise SlideDPError(f"policy.adam_threads {threads} x {n} ranks exceeds the host's {hw.host.cores} cores")
@@ -102,6 +104,7 @@ class StepWorkload:
         self.seq, self.global_batch, self.ranks, self.hosts = seq, global_batch, n, hosts
         self.attention_span = attention_span  # packed rows through the varlen kernel (slidedp.units.attention_span)
         self.attention = attention  # sdpa (flash), or eager: a peer's kernel (ModelSpec.layer_forward_ops)
+        self.precision = precision  # bf16, or amp-fp32: a peer's numerics (slidedp.compute.PRECISIONS)
         self.routes = Routes.of(policy, n, weight_bytes=BF16_BYTES, hosts=hosts)
         self.chunks = policy.chunks_per_layer
         self.adam_threads = threads
@@ -116,12 +119,13 @@ class StepWorkload:
         same = unit_inputs(policy) == unit_inputs(self.policy)
         return StepWorkload(self.model, self.hw, policy, self.seq, self.global_batch,
                             units=self.units if same else None, hosts=self.hosts, attention_span=self.attention_span,
-                            attention=self.attention)
+                            attention=self.attention, precision=self.precision)
 
     # ---- units ----------------------------------------------------------------------------------------------
     @cached_property
     def units(self) -> tuple[Unit, ...]:
-        return policy_units(self.model, self.hw.gpu, self.policy, self.seq, self.attention_span, self.attention)
+        return policy_units(self.model, self.hw.gpu, self.policy, self.seq, self.attention_span, self.attention,
+                            self.precision)
 
     @property
     def num_units(self) -> int:

@@ -25,8 +25,8 @@ from slidedp.peers import (
     estimate_peer_memory,
     peer_step,
     peer_system,
-    peer_workload,
     simulate_peer,
+    system_workload,
 )
 from slidedp.problem import Budget, capacity_budget, resolve_budget, resolve_hardware, resolve_problem
 from slidedp.report.rundir import write_run_dir
@@ -143,8 +143,7 @@ def peer_host_needs(spec, hw, seq: int, batch: int) -> list[tuple[str, PeerMemor
     rows = []
     for name, system in SYSTEMS.items():
         try:
-            rows.append((name, estimate_peer_memory(PeerStep(system, peer_workload(spec, hw, seq, batch,
-                                                                                   system.attention)))))
+            rows.append((name, estimate_peer_memory(PeerStep(system, system_workload(system, spec, hw, seq, batch)))))
         except SlideDPError:  # a batch this peer cannot run on these GPUs
             continue
     return rows

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from slidedp.peers.memory import PeerMemory, estimate_peer_memory
 from slidedp.peers.plan import build_peer_plan, phase_seconds
-from slidedp.peers.step import PeerStep, peer_policy, peer_workload
+from slidedp.peers.step import PeerStep, peer_policy, peer_workload, system_workload
 from slidedp.peers.systems import SLIDEDP, SYSTEM_NAMES, SYSTEMS, PeerSystem, check_system, peer_system
 
 __all__ = ["SLIDEDP", "SYSTEMS", "SYSTEM_NAMES", "PeerMemory", "PeerStep", "PeerSystem", "build_peer_plan",
            "check_system", "estimate_peer_memory", "peer_policy", "peer_step", "peer_system", "peer_workload",
-           "phase_seconds", "simulate_peer"]
+           "phase_seconds", "simulate_peer", "system_workload"]
 
 
 def peer_step(name: str, model, hw, seq: int, batch: int) -> PeerStep:
@@ -23,7 +23,7 @@ def peer_step(name: str, model, hw, seq: int, batch: int) -> PeerStep:
     system = peer_system(name)
     if system is None:
         raise ValueError("slidedp runs its own policy-driven plan, not a peer step")
-    step = PeerStep(system, peer_workload(model, hw, seq, batch, system.attention))
+    step = PeerStep(system, system_workload(system, model, hw, seq, batch))
     step.check_rates()
     return step
 

@@ -69,12 +69,18 @@ def peer_policy(per_rank_batch: int) -> Policy:
 
 
 def peer_workload(model: ModelSpec, hw: HardwareProfile, seq: int, batch: int,
-                  attention: str = "sdpa") -> StepWorkload:
+                  attention: str = "sdpa", precision: str = "bf16") -> StepWorkload:
     """The workload a peer runs on ``hw``'s GPUs at global ``batch`` (which the GPU count must divide), with its
-    attention kernel (PeerSystem.attention)."""
+    attention kernel and numerics (PeerSystem.attention, PeerSystem.precision; system_workload passes both)."""
     if batch % hw.num_gpus:
         raise SlideDPError(f"batch {batch} is not divisible by the {hw.num_gpus} GPU(s)")
-    return StepWorkload(model, hw, peer_policy(batch // hw.num_gpus), seq, batch, attention=attention)
+    return StepWorkload(model, hw, peer_policy(batch // hw.num_gpus), seq, batch, attention=attention,
+                        precision=precision)
+
+
+def system_workload(system: PeerSystem, model: ModelSpec, hw: HardwareProfile, seq: int, batch: int) -> StepWorkload:
+    """The workload ``system`` runs: peer_workload with the system's attention kernel and numerics."""
+    return peer_workload(model, hw, seq, batch, system.attention, system.precision)
 
 
 class PeerStep:
@@ -86,6 +92,9 @@ class PeerStep:
         if w.attention != system.attention:
             raise ValueError(f"{system.name} runs {system.attention} attention; the workload prices {w.attention} "
                              f"(peer_workload(..., system.attention))")
+        if w.precision != system.precision:
+            raise ValueError(f"{system.name} computes in {system.precision}; the workload prices {w.precision} "
+                             f"(system_workload)")
         self.system, self.w = system, w
         self.n = w.ranks
 

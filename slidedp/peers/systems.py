@@ -56,6 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from slidedp.compute import AMP_FP32, BF16
 from slidedp.errors import SlideDPError
 from slidedp.resources import CAST_HOST_BYTES
 
@@ -263,6 +264,12 @@ class PeerSystem:
     # The attention kernel the system's model runs (slidedp.compute.ATTENTION_IMPLEMENTATIONS): SlideFormer
     # hard-codes HF's eager attention (main_dp.py), which materialises every score (compute and GPU memory).
     attention: str = "sdpa"
+
+    @property
+    def precision(self) -> str:
+        """The layers' numerics the compute model prices (slidedp.compute.PRECISIONS): fp32 weights under autocast
+        where autocast keeps bf16 copies of them (``autocast_cache``), else bf16."""
+        return AMP_FP32 if self.autocast_cache else BF16
 
     @property
     def streams_weights(self) -> bool:

@@ -289,3 +289,44 @@ def test_a_peer_step_prices_the_peers_own_attention():
         PeerStep(SYSTEMS["slideformer"], peer_workload(m, hw, 1024, 1))
     w = peer_workload(m, hw, 1024, 1, "eager")
     assert PeerStep(SYSTEMS["slideformer"], w).w.with_policy(w.policy).attention == "eager"
+
+
+@pytest.mark.parametrize("name", ["qwen3-4b", "qwen2.5-72b", "llama-3-8b"])
+def test_autocast_over_fp32_weights_adds_its_stream_and_weight_casts_in_closed_form(name):
+    """amp-fp32 (plain GPU-resident training) moves, per layer forward, 22 B per element of the hidden state and 30
+    B per element of q and k beyond the bf16 operations, and casts every weight (6 B per parameter); the weights'
+    cast runs once more in backward (the gradients'), not twice like an elementwise chain."""
+    from slidedp.compute import AMP_FP32, amp_fp32_ops
+
+    m = load_model_spec(name)
+    b, s = 2, 1024
+    t = b * s
+    bf16 = m.layer_forward_ops(b, s)
+    amp = m.layer_forward_ops(b, s, precision=AMP_FP32)
+    assert amp[:len(bf16)] == bf16
+    extra = amp[len(bf16):]
+    assert extra == amp_fp32_ops(t, m.hidden, m.q_dim + m.kv_dim, m.layer_params, m.layer_tensors)
+    stream, weights = extra
+    assert stream.nbytes == t * (22 * m.hidden + 30 * (m.q_dim + m.kv_dim))
+    assert weights.nbytes == 6 * m.layer_params and weights.kernels == m.layer_tensors
+    back = {op.name: op for op in c.backward_ops(extra)}
+    assert back["amp_stream"].nbytes == 2 * stream.nbytes and back["amp_weight_cast"].nbytes == weights.nbytes
+    with pytest.raises(SlideDPError, match="precision 'fp16'"):
+        m.layer_forward_ops(b, s, precision="fp16")
+
+
+def test_only_the_autocast_peer_prices_an_fp32_stream_and_a_mismatched_workload_is_refused():
+    from slidedp.compute import AMP_FP32, BF16
+    from slidedp.peers import SYSTEMS, PeerStep, peer_workload, system_workload
+
+    m, hw = load_model_spec("qwen3-0.6b"), load_hardware("h200-x1")
+    assert {n for n, s in SYSTEMS.items() if s.precision == AMP_FP32} == {"ddp-resident"}
+    resident = SYSTEMS["ddp-resident"]
+    with pytest.raises(ValueError, match="amp-fp32"):
+        PeerStep(resident, peer_workload(m, hw, 1024, 1))
+    amp = PeerStep(resident, system_workload(resident, m, hw, 4096, 4)).w  # the passes above the dispatch floor
+    bf16 = peer_workload(m, hw, 4096, 4, precision=BF16)
+    layer = next(i for i, u in enumerate(amp.units) if u.kind == "layer")
+    assert amp.units[layer].fwd_s > bf16.units[layer].fwd_s and amp.units[layer].bwd_s > bf16.units[layer].bwd_s
+    assert amp.with_policy(amp.policy).precision == AMP_FP32
+    assert [u.fwd_s for u in amp.units if u.kind != "layer"] == [u.fwd_s for u in bf16.units if u.kind != "layer"]

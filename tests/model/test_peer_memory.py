@@ -8,7 +8,7 @@ import pytest
 from slidedp.hardware import GIB, load_hardware
 from slidedp.model.memory import activation_bytes, loss_bytes
 from slidedp.model_spec import ModelSpec, load_model_spec
-from slidedp.peers import SYSTEMS, PeerStep, estimate_peer_memory, peer_workload
+from slidedp.peers import SYSTEMS, PeerStep, estimate_peer_memory, peer_workload, system_workload
 from slidedp.peers.step import PEER_WINDOW
 from slidedp.peers.systems import ALLOCATOR_FRAGMENTATION
 from tests.builders import free_machine, tiny_model
@@ -27,7 +27,7 @@ DOCUMENTED = {
 
 
 def _mem(name: str, model, hw, seq: int, batch: int):
-    step = PeerStep(SYSTEMS[name], peer_workload(model, hw, seq, batch, SYSTEMS[name].attention))
+    step = PeerStep(SYSTEMS[name], system_workload(SYSTEMS[name], model, hw, seq, batch))
     return step, estimate_peer_memory(step)
 
 

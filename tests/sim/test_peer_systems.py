@@ -20,6 +20,7 @@ from slidedp.peers import (
     peer_workload,
     phase_seconds,
     simulate_peer,
+    system_workload,
 )
 from slidedp.peers.systems import (
     DEEPSPEED_CPU_ADAM,
@@ -356,7 +357,7 @@ def test_fsdp2_offloads_copies_wait_for_the_previous_pass_so_each_pass_waits_for
 @pytest.mark.parametrize("name", ["zero2-offload", "fsdp2-offload", "ddp-resident", "zero3-offload"])
 def test_a_peers_phases_add_up_to_its_step_and_name_the_clip_where_it_runs_on_the_cpu(name):
     hw = machine()
-    step = PeerStep(SYSTEMS[name], peer_workload(tiny_model(), hw, 256, 2))
+    step = PeerStep(SYSTEMS[name], system_workload(SYSTEMS[name], tiny_model(), hw, 256, 2))
     sim = simulate_peer(step)
     phases = phase_seconds(step, sim.trace, sim.step_time_s)
     assert phases["forward"] + phases["backward"] + phases["after_backward"] == pytest.approx(sim.step_time_s)
@@ -375,7 +376,7 @@ def test_fsdp2_offloads_backward_refetch_waits_for_the_layer_after_it(gpus):
     hw, model = machine(gpus), tiny_model()
     for overlaps in (False, True):
         system = dataclasses.replace(SYSTEMS["fsdp2-offload"], fetch_overlaps_passes=overlaps)
-        step = PeerStep(system, peer_workload(model, hw, 256, 2 * gpus))
+        step = PeerStep(system, system_workload(system, model, hw, 256, 2 * gpus))
         t = simulate_peer(step).trace
         for r in range(gpus):
             mine = t[t["rank"] == r]
@@ -390,7 +391,7 @@ def test_fsdp2_offloads_backward_refetch_waits_for_the_layer_after_it(gpus):
 def test_the_backward_ends_where_the_first_op_after_it_starts_once_every_gradient_is_on_the_host():
     hw = machine()
     for name in ("zero2-offload", "fsdp2-offload"):
-        step = PeerStep(SYSTEMS[name], peer_workload(tiny_model(), hw, 256, 2))
+        step = PeerStep(SYSTEMS[name], system_workload(SYSTEMS[name], tiny_model(), hw, 256, 2))
         sim = simulate_peer(step)
         phases = phase_seconds(step, sim.trace, sim.step_time_s)
         backward_end = phases["forward"] + phases["backward"]

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from slidedp.hardware import load_hardware
-from slidedp.peers import SYSTEMS, peer_step, simulate_peer
+from slidedp.peers import SYSTEMS, peer_step, simulate_peer, system_workload
 from slidedp.peers.step import GPU_ADAM_HBM_BYTES, GRAD_SYNC_OP, PeerStep, peer_workload
 from slidedp.peers.systems import DEEPSPEED_OFFLOAD_GRAD_SYNC
 from tests.builders import free_machine, tiny_model, with_gpu, with_host
@@ -85,7 +85,7 @@ def test_only_zero2_offload_runs_its_offload_in_series():
     hw = load_hardware("h200-x1")
     for name, system in SYSTEMS.items():
         if name != "zero2-offload":
-            step = PeerStep(system, peer_workload(tiny_model(layers=2), hw, 256, 1, system.attention))
+            step = PeerStep(system, system_workload(system, tiny_model(layers=2), hw, 256, 1))
             assert GRAD_SYNC_OP not in step.closed_form_totals() and step.grad_sync_total_s() == 0.0
     for name in ("zero3-offload", "fsdp2-offload", "fsdp2-resident", "ddp-resident"):  # their rates are in h200-x1
         assert GRAD_SYNC_OP not in set(simulate_peer(peer_step(name, tiny_model(layers=2), hw, 256, 1)).trace.op)

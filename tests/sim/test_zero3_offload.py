@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from slidedp.peers import SYSTEMS, PeerStep, build_peer_plan, peer_workload, simulate_peer
+from slidedp.peers import SYSTEMS, PeerStep, build_peer_plan, simulate_peer, system_workload
 from slidedp.peers.systems import LayerHostFloor
 from tests.builders import tiny_model
 from tests.sim.test_peer_systems import machine
@@ -17,7 +17,7 @@ ZERO3 = SYSTEMS["zero3-offload"]
 
 
 def _step(system, model, batch: int = 2, seq: int = 256):
-    return PeerStep(system, peer_workload(model, machine(1), seq, batch, system.attention))
+    return PeerStep(system, system_workload(system, model, machine(1), seq, batch))
 
 
 def test_the_gradient_round_trip_queues_behind_the_gradient_chain_not_the_fetches():
