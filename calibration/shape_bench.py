@@ -66,12 +66,15 @@ class Timer:
     at 4096 tokens and about 100 us for SDPA's backward (benchmarks/RESULTS.md, call56), which the fits took for
     fixed costs per kernel (kernel_us 26.5 us) that a step never pays. So each sample is a group of
     ``queued_calls`` calls between two events, issued while the GPU is held busy (torch.cuda._sleep for 1.5x the
-    time the CPU takes to issue the group) so the group's time is the GPU's alone. On a CPU: the host clock
-    around each call."""
+    time the CPU takes to issue the group) so the group's time is the GPU's alone. ``hold_gpu=False`` for whole
+    layer passes, which are timed to find the CPU's dispatch floor (ComputeCurves.layer_dispatch_us): queued without
+    the hold, a call costs the longer of its GPU time and the CPU's time to issue it, as a pass in a step does.
+    On a CPU: the host clock around each call."""
 
-    def __init__(self, device: torch.device, repeats: int, max_seconds: float):
+    def __init__(self, device: torch.device, repeats: int, max_seconds: float, hold_gpu: bool = True):
         self.device, self.repeats, self.max_seconds = device, repeats, max_seconds
         self.cuda = device.type == "cuda"
+        self.hold_gpu = hold_gpu
         self._sleep_cycles_per_s: float | None = None
 
     def seconds(self, fn: Callable[[], None]) -> float:
@@ -94,7 +97,8 @@ class Timer:
         self._sync()
         times = []
         for _ in range(repeats):
-            self._hold_gpu(1.5 * calls * issue)
+            if self.hold_gpu:
+                self._hold_gpu(1.5 * calls * issue)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(calls):
@@ -287,7 +291,8 @@ def shape_samples(layer_model: str | None = None, quick: bool = False, progress:
         progress(4, steps)
     if layer_model:
         grid = ([(1024, 1), (4096, 1), (4096, 4), (16384, 1)] if cuda else [(32, 1), (64, 2)])
-        samples.layers = layer_samples(timer, dtype, layer_model, grid)
+        layer_timer = Timer(device, timer.repeats, max_seconds, hold_gpu=False)  # the CPU's floor counts here
+        samples.layers = layer_samples(layer_timer, dtype, layer_model, grid)
         if progress:
             progress(5, steps)
     return samples
