@@ -129,15 +129,11 @@ def _queued(fn: Callable[[], object], repeats: int) -> float:
     spends on them when the CPU runs ahead, as inside a training step."""
     import torch
 
+    from slidedp.calibration.shape_bench import queued_seconds
+
     fn()
     torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(repeats):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / 1e3 / repeats
+    return queued_seconds(fn, repeats)
 
 
 def _isolated(fn: Callable[[], object], repeats: int) -> float:

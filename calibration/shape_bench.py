@@ -57,6 +57,18 @@ def queued_calls(warm_seconds: float) -> int:
     return max(1, min(QUEUED_CALLS, int(QUEUED_SECONDS / max(warm_seconds, 1e-9))))
 
 
+def queued_seconds(fn: Callable[[], object], calls: int) -> float:
+    """Seconds per call of ``calls`` calls of ``fn`` queued between two CUDA events (the GPU's time for them when
+    the CPU issues them faster than it runs them)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / calls
+
+
 class Timer:
     """Seconds of one call of an operation as the GPU runs it inside a training step.
 
@@ -99,13 +111,7 @@ class Timer:
         for _ in range(repeats):
             if self.hold_gpu:
                 self._hold_gpu(1.5 * calls * issue)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3 / calls)
+            times.append(queued_seconds(fn, calls))
         return statistics.median(times)
 
     def _hold_gpu(self, seconds: float) -> None:
