@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import defaultdict
 from collections.abc import Callable
+
+from slidedp.errors import SlideDPError
 
 KINDS = (("attention", ("flash", "fmha", "attention", "sdpa")),
          ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "sm90", "cublas", "matmul")))
@@ -31,21 +34,22 @@ def kernel_kind(name: str) -> str:
 
 def model_kernel_seconds(spec, hw, batch: int, seq: int) -> dict[str, float]:
     """The compute model's seconds of one GPU-resident step's operations by the profiler's kinds: every unit's
-    forward, recomputed forward and backward operations (the plan's, without the passes' dispatch floors and fixed
-    costs, which are not kernel time), and the clip + fused AdamW passes (PeerStep.gpu_adam_s) as ``other``."""
+    forward, recomputed forward and backward operations and its backward bookkeeping (the units the plan times,
+    without the passes' dispatch floors and fixed costs, which are not kernel time), and the clip + fused AdamW
+    passes (PeerStep.gpu_adam_s) as ``other``. One GPU's step: ``hw`` must have one GPU."""
     from slidedp.compute import Attention, Gemm
     from slidedp.peers import SYSTEMS, PeerStep, system_workload
-    from slidedp.peers.step import peer_policy
     from slidedp.workload import policy_unit_work
 
-    curves = hw.gpu.compute
-    out = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
     system = SYSTEMS["ddp-resident"]
-    for work in policy_unit_work(spec, peer_policy(batch), seq, precision=system.precision):
+    step = PeerStep(system, system_workload(system, spec, hw, seq, batch))
+    w, curves = step.w, hw.gpu.compute
+    out = {"gemm": 0.0, "attention": 0.0, "other": 0.0}
+    for work in policy_unit_work(w.model, w.policy, w.seq, w.attention_span, w.attention, w.precision):
         for op in (*work.fwd_ops, *work.recompute_ops, *work.bwd_ops):
             kind = "gemm" if isinstance(op, Gemm) else "attention" if isinstance(op, Attention) else "other"
             out[kind] += curves.seconds(op) * work.micro_batches
-    step = PeerStep(system, system_workload(system, spec, hw, seq, batch))
+        out["other"] += curves.total_seconds(work.step_ops)
     out["other"] += step.gpu_adam_s()
     return out
 
@@ -57,7 +61,9 @@ def compare(path: str, profile: str) -> int:
 
     hw = load_hardware(profile)
     if hw.gpu.compute is None:
-        raise SystemExit(f"{profile}: no compute curves to compare with")
+        raise SlideDPError(f"{profile}: no compute curves to compare with")
+    if hw.num_gpus != 1:
+        raise SlideDPError(f"{profile}: {hw.num_gpus} GPUs; the kernels were timed on one (give a one-GPU profile)")
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     print(f"{'batch':>5} {'kind':<10} {'model s':>8} {'measured':>8} {'error':>7}")
@@ -88,7 +94,11 @@ def main() -> int:
     p.add_argument("--profile", default="h200-x1", help="the profile whose compute curves --compare prices with")
     args = p.parse_args()
     if args.compare:
-        return compare(args.compare, args.profile)
+        try:
+            return compare(args.compare, args.profile)
+        except (OSError, ValueError, KeyError, TypeError, SlideDPError) as e:
+            print(f"resident_kernels --compare: {e}", file=sys.stderr)
+            return 2
     if not args.out:
         p.error("--out is required (or --compare FILE)")
     require_cuda("benchmarks.resident_kernels")

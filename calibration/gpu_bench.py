@@ -134,7 +134,7 @@ def layer_benchmarks(m: Measurements, model: str, quick: bool, progress: Progres
     dtype = torch.bfloat16 if cuda else torch.float32
     grid = [(64, 1), (64, 4), (256, 1), (256, 2)] if quick else [(1024, 1), (1024, 8), (4096, 1), (4096, 4),
                                                                  (16384, 1), (32768, 1)]
-    timer = Timer(device, 2 if quick else 5, max_seconds=2.0, hold_gpu=False)  # the CPU's floor counts here
+    timer = Timer(device, 2 if quick else 5, max_seconds=2.0, hold_gpu=False)  # the CPU's share counts here
     for i, (seq, batch, fwd, bwd) in enumerate(layer_pass_times(timer, dtype, model, grid)):
         m.layer.append((model, seq, batch * seq, fwd, bwd))
         if progress:

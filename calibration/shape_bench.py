@@ -49,6 +49,8 @@ CPU_ELEMENTWISE = ((256, 64), (1024, 128))
 # A CUDA timing group queues calls of one operation up to this many, or this many seconds of them.
 QUEUED_CALLS, QUEUED_SECONDS = 20, 0.05
 HOLD_MAX_SECONDS = 0.2  # the longest the GPU is held busy before a group (torch.cuda._sleep)
+HOLD_FLOOR_SECONDS = 1e-4  # added to every hold: the loop and the events' records after the hold is queued
+SLEEP_CYCLES_PER_S = (1e8, 1e10)  # a spin kernel's plausible rate (GPU clocks); outside it the hold is skipped
 
 
 def queued_calls(warm_seconds: float) -> int:
@@ -78,9 +80,10 @@ class Timer:
     at 4096 tokens and about 100 us for SDPA's backward (benchmarks/RESULTS.md, call56), which the fits took for
     fixed costs per kernel (kernel_us 26.5 us) that a step never pays. So each sample is a group of
     ``queued_calls`` calls between two events, issued while the GPU is held busy (torch.cuda._sleep for 1.5x the
-    time the CPU takes to issue the group) so the group's time is the GPU's alone. ``hold_gpu=False`` for whole
-    layer passes, which are timed to find the CPU's dispatch floor (ComputeCurves.layer_dispatch_us): queued without
-    the hold, a call costs the longer of its GPU time and the CPU's time to issue it, as a pass in a step does.
+    time the CPU takes to issue the group, plus 0.1 ms) so the group's time is the GPU's alone. ``hold_gpu=False``
+    for whole layer passes, which are timed for the CPU's share of a pass (the layer-level fit's overhead and, with
+    --model, ComputeCurves.layer_dispatch_us): queued without the hold, a call costs the longer of its GPU time and
+    the CPU's time to issue it, as a pass in a step does.
     On a CPU: the host clock around each call."""
 
     def __init__(self, device: torch.device, repeats: int, max_seconds: float, hold_gpu: bool = True):
@@ -102,30 +105,39 @@ class Timer:
                 fn()
                 times.append(time.perf_counter() - t)
             return statistics.median(times)
-        calls = queued_calls(warm)
-        t = time.perf_counter()
-        fn()  # the CPU's time to issue one call (the GPU may still be running it)
-        issue = time.perf_counter() - t
-        self._sync()
+        hold = self.hold_gpu and repeats > 1  # a shape timed once is long: nothing to hide behind the hold
+        calls = queued_calls(warm) if repeats > 1 else 1
+        issue = 0.0
+        if hold:
+            t = time.perf_counter()
+            fn()  # the CPU's time to issue one call (the GPU may still be running it)
+            issue = time.perf_counter() - t
+            self._sync()
         times = []
         for _ in range(repeats):
-            if self.hold_gpu:
-                self._hold_gpu(1.5 * calls * issue)
+            if hold:
+                hold = self._hold_gpu(1.5 * calls * issue + HOLD_FLOOR_SECONDS)
             times.append(queued_seconds(fn, calls))
         return statistics.median(times)
 
-    def _hold_gpu(self, seconds: float) -> None:
+    def _hold_gpu(self, seconds: float) -> bool:
         """Queue a spin kernel of about ``seconds`` (at most HOLD_MAX_SECONDS) so the calls queued after it start
-        back to back once it ends, whatever the CPU's issue time."""
+        back to back once it ends, whatever the CPU's issue time. False (and nothing queued) where the spin
+        kernel's rate, timed once, is not a GPU clock's (SLEEP_CYCLES_PER_S): the group is then timed unheld."""
         if self._sleep_cycles_per_s is None:
-            cycles = 10_000_000
+            cycles = 20_000_000  # about 10 ms at a GPU's 1.5-2 GHz
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             torch.cuda._sleep(cycles)
             end.record()
             end.synchronize()
-            self._sleep_cycles_per_s = cycles / max(start.elapsed_time(end) / 1e3, 1e-6)
+            elapsed = start.elapsed_time(end) / 1e3
+            self._sleep_cycles_per_s = cycles / elapsed if elapsed > 0 else float("inf")
+        low, high = SLEEP_CYCLES_PER_S
+        if not low <= self._sleep_cycles_per_s <= high:
+            return False
         torch.cuda._sleep(int(min(seconds, HOLD_MAX_SECONDS) * self._sleep_cycles_per_s))
+        return True
 
     def _sync(self) -> None:
         if self.cuda:
@@ -297,7 +309,7 @@ def shape_samples(layer_model: str | None = None, quick: bool = False, progress:
         progress(4, steps)
     if layer_model:
         grid = ([(1024, 1), (4096, 1), (4096, 4), (16384, 1)] if cuda else [(32, 1), (64, 2)])
-        layer_timer = Timer(device, timer.repeats, max_seconds, hold_gpu=False)  # the CPU's floor counts here
+        layer_timer = Timer(device, timer.repeats, max_seconds, hold_gpu=False)  # the CPU's share counts here
         samples.layers = layer_samples(layer_timer, dtype, layer_model, grid)
         if progress:
             progress(5, steps)

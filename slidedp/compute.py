@@ -230,16 +230,20 @@ ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 # Under autocast the embedding's fp32 output keeps the residual stream fp32 (a norm's fp32 weight times its fp32 input
 # stays fp32), so every projection casts its input (q, k, v, gate, up: 5 casts, 6 B per element each), the residual
 # adds read and write fp32 (+4 B each, 2 a layer) and the two RMSNorms skip their casts (-8 B each): +22 B per element
-# of the hidden state. The q/k norms' fp32 weights make q and k fp32 (+2 B), rotary runs in fp32 (cos and sin follow
-# the stream's dtype: +22 B) and SDPA casts q and k back (+6 B): +30 B per element of q and k (also counted for layers
-# without q/k norms: their rotary reads bf16 q and k but multiplies them by the fp32 cos and sin, so it writes fp32
-# and SDPA casts back, about as much). The weights are cast to bf16 in forward and again in the recomputed forward,
-# and each bf16 weight gradient is cast to fp32 (6 B per parameter each). Measured (benchmarks/RESULTS.md, call56): on
-# an H100 the memory-bound kernels of a GPU-resident Qwen3-4B step grew by 0.221 s per sequence of 4096 tokens where
-# the bf16 operations' count says 0.164; these counts add 34% to that count's forward bytes.
+# of the hidden state. With q/k norms, their fp32 weights make q and k fp32 (+2 B), rotary runs in fp32 (+22 B) and
+# SDPA casts q and k back (+6 B): +30 B per element of q and k. Without them q and k stay bf16 and only rotary's
+# products and add turn fp32 (cos and sin follow the stream's dtype: about +10 B) before SDPA's cast (+6 B): +16 B
+# (counted, not measured: call56 timed a Qwen3 layer). The linear weights are cast to bf16 in forward and again in the
+# recomputed forward (6 B per parameter each), and each weight gradient is cast back to fp32 in backward (6 B), which
+# replaces SlideDP's per-unit gradient pass (gradient_ops) for these layers: a step with zero_grad(set_to_none) has no
+# buffer to zero or accumulate into. The head's cast (one forward, under 1 ms for Qwen3-4B on an H100) is not priced.
+# Measured (benchmarks/RESULTS.md, call56): on an H100 the memory-bound kernels of a GPU-resident Qwen3-4B step grew
+# by 0.221 s per sequence of 4096 tokens where the bf16 operations' count says 0.164; the stream's count adds 34% to
+# that count's bytes per sequence.
 BF16, AMP_FP32 = "bf16", "amp-fp32"
 PRECISIONS = (BF16, AMP_FP32)
-AMP_STREAM_BYTES, AMP_QK_BYTES, AMP_STREAM_KERNELS = 22, 30, 3  # per element of hidden / of q and k; kernels
+AMP_STREAM_BYTES, AMP_STREAM_KERNELS = 22, 3  # per element of the hidden state; kernels a layer adds
+AMP_QK_BYTES, AMP_QK_BYTES_WITHOUT_NORM = 30, 16  # per element of q and k, with and without q/k norms
 AMP_WEIGHT_CAST_BYTES = 6  # fp32 -> bf16 weight (read 4, write 2), and bf16 -> fp32 gradient
 
 
@@ -250,13 +254,21 @@ def check_precision(name: str) -> str:
     return name
 
 
-def amp_fp32_ops(tokens: int, hidden: int, qk: int, layer_params: int, tensors: int) -> list[ComputeOp]:
+def amp_fp32_ops(tokens: int, hidden: int, qk: int, qk_norm: bool, linear_params: int,
+                 linear_tensors: int) -> list[ComputeOp]:
     """What a decoder layer's forward under autocast over fp32 weights moves beyond its bf16 operations (AMP_FP32):
-    the fp32 stream's casts and wider elementwise traffic, and the weights' casts (their backward is the gradients'
-    casts: one pass, not ELEMENTWISE_BACKWARD_FACTOR)."""
-    return [Elementwise("amp_stream", float(tokens * (AMP_STREAM_BYTES * hidden + AMP_QK_BYTES * qk)),
-                        AMP_STREAM_KERNELS),
-            Elementwise("amp_weight_cast", float(layer_params * AMP_WEIGHT_CAST_BYTES), tensors, backward_factor=1)]
+    the fp32 stream's casts and wider elementwise traffic, and the linear weights' casts (none in backward: the
+    gradients' casts are amp_gradient_ops)."""
+    qk_bytes = AMP_QK_BYTES if qk_norm else AMP_QK_BYTES_WITHOUT_NORM
+    return [Elementwise("amp_stream", float(tokens * (AMP_STREAM_BYTES * hidden + qk_bytes * qk)), AMP_STREAM_KERNELS),
+            Elementwise("amp_weight_cast", float(linear_params * AMP_WEIGHT_CAST_BYTES), linear_tensors,
+                        backward_factor=0)]
+
+
+def amp_gradient_ops(linear_params: int, linear_tensors: int) -> list[ComputeOp]:
+    """A layer's backward bookkeeping under autocast over fp32 weights: each bf16 weight gradient cast to fp32 into
+    its parameter's .grad (in place of gradient_ops' buffer passes)."""
+    return [Elementwise("amp_grad_cast", float(linear_params * AMP_WEIGHT_CAST_BYTES), linear_tensors)]
 
 
 def check_attention(name: str) -> str:

@@ -184,6 +184,16 @@ class ModelSpec:
 
     # ---- operations (shape-aware compute: slidedp.compute) ----------------------------------------------
     @property
+    def layer_linear_params(self) -> int:
+        """Parameters of one decoder layer's projections (weights and biases), without its norms'."""
+        return self.layer_params - 2 * self.hidden - (2 * self.head_dim if self.qk_norm else 0)
+
+    @property
+    def layer_linear_tensors(self) -> int:
+        """Parameter tensors of one decoder layer's projections: 7 weights, and 3 biases where it has them."""
+        return 7 + (3 if self.attn_bias else 0)
+
+    @property
     def layer_tensors(self) -> int:
         """Parameter tensors of one decoder layer (q, k, v, o, gate, up, down, two norms, biases, q/k norms)."""
         return 9 + (3 if self.attn_bias else 0) + (2 if self.qk_norm else 0)
@@ -221,7 +231,7 @@ class ModelSpec:
             *self._mlp_block_ops([(t, 1)]),
         ]
         if c.check_precision(precision) == c.AMP_FP32:
-            ops += c.amp_fp32_ops(t, h, q + kv, self.layer_params, self.layer_tensors)
+            ops += c.amp_fp32_ops(t, h, q + kv, self.qk_norm, self.layer_linear_params, self.layer_linear_tensors)
         return ops
 
     def _rmsnorm_op(self, tokens: int, passes: int) -> c.Elementwise:

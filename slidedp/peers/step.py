@@ -4,9 +4,9 @@ Both come from the same :class:`~slidedp.peers.systems.PeerSystem` factors: the 
 bytes, the conservation tests compare the simulated trace with :meth:`PeerStep.closed_form_totals`, which
 multiplies the factors by whole-model parameter counts without walking the units.
 
-The compute is SlideDP's own: :func:`peer_workload` builds the :class:`~slidedp.workload.StepWorkload` the peers
-run (activation recompute per decoder layer, one micro-batch per rank step, the same chunked loss), whose
-``units`` carry the compute times and FLOPs, recompute included.
+The compute is SlideDP's own operations: :func:`system_workload` builds the :class:`~slidedp.workload.StepWorkload`
+a peer runs (activation recompute per decoder layer, one micro-batch per rank step, the same chunked loss, the
+system's attention kernel and numerics), whose ``units`` carry the compute times and FLOPs, recompute included.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class PeerStep:
             raise SlideDPError(f"{system.name} is modelled on one GPU only, not {w.ranks}")
         if w.attention != system.attention:
             raise ValueError(f"{system.name} runs {system.attention} attention; the workload prices {w.attention} "
-                             f"(peer_workload(..., system.attention))")
+                             f"(system_workload)")
         if w.precision != system.precision:
             raise ValueError(f"{system.name} computes in {system.precision}; the workload prices {w.precision} "
                              f"(system_workload)")

@@ -56,7 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from slidedp.compute import AMP_FP32, BF16
+from slidedp.compute import AMP_FP32, BF16, check_precision
 from slidedp.errors import SlideDPError
 from slidedp.resources import CAST_HOST_BYTES
 
@@ -239,6 +239,12 @@ class PeerSystem:
     # at 1 and 4 on an H100), about its fp32 copy's time alone (0.29 s); its backward 0.30-0.33 s longer at batch 1,
     # falling to 0.12 s at 8: at larger batches part of the re-fetch hides, which this does not model.
     fetch_overlaps_passes: bool = True
+    # The layers' numerics the compute model prices (slidedp.compute.PRECISIONS): AMP_FP32 for fp32 weights under
+    # autocast (plain GPU-resident training: its residual stream is fp32), BF16 for systems that compute in bf16.
+    precision: str = BF16
+
+    def __post_init__(self) -> None:
+        check_precision(self.precision)
     # The caching allocator's bytes beyond the allocated peak per byte allocated and freed within a step (measured:
     # ALLOCATOR_FRAGMENTATION); 0 where not measured.
     allocator_fragmentation: float = 0.0
@@ -264,12 +270,6 @@ class PeerSystem:
     # The attention kernel the system's model runs (slidedp.compute.ATTENTION_IMPLEMENTATIONS): SlideFormer
     # hard-codes HF's eager attention (main_dp.py), which materialises every score (compute and GPU memory).
     attention: str = "sdpa"
-
-    @property
-    def precision(self) -> str:
-        """The layers' numerics the compute model prices (slidedp.compute.PRECISIONS): fp32 weights under autocast
-        where autocast keeps bf16 copies of them (``autocast_cache``), else bf16."""
-        return AMP_FP32 if self.autocast_cache else BF16
 
     @property
     def streams_weights(self) -> bool:
@@ -341,7 +341,7 @@ SYSTEMS: dict[str, PeerSystem] = {s.name: s for s in (
         grad_collective="all_reduce", grad_collective_bytes=4, grad_d2h_bytes=0,
         optimizer="gpu", cpu_adam=None, clip_host_bytes=0, cast_after_step=False, writeback_h2d_bytes=0,
         gpu_weight_bytes=4, gpu_moment_bytes=8, gpu_grad_bytes=4, gpu_state_sharded=False, autocast_cache=True,
-        host_state_bytes=0, allocator_fragmentation=ALLOCATOR_FRAGMENTATION),
+        host_state_bytes=0, allocator_fragmentation=ALLOCATOR_FRAGMENTATION, precision=AMP_FP32),
     PeerSystem(
         name="slideformer", summary="SlideFormer: layer streaming, per-layer CPU Adam overlapping backward",
         fetch_h2d_bytes=2, gathered_bytes=0, refetch_in_backward=True,

@@ -519,19 +519,22 @@ def test_resident_kernels_sorts_kernels_by_kind_and_refuses_a_machine_without_a_
         assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_resident_kernels_prices_a_resident_step_by_kind_in_closed_form():
+def test_resident_kernels_prices_a_resident_step_by_kind_in_closed_form(tmp_path):
     """With no small-shape penalties and no fixed costs, the model's GEMM seconds of one GPU-resident step are its
     matmul FLOPs (every layer's forward, recomputed forward and twice-as-long backward; the head's forward and
-    backward) over the GEMM rate, and its attention seconds two forwards and one 2.5x backward at their rates."""
+    backward) over the GEMM rate, its attention seconds two forwards and one 2.5x backward at their rates, and all
+    kinds together what the plan prices the step's passes and optimizer at (autocast's fp32 work included)."""
     from dataclasses import replace
 
     from benchmarks.resident_kernels import model_kernel_seconds
     from slidedp.hardware import load_hardware
     from slidedp.model_spec import ModelSpec
+    from slidedp.peers import SYSTEMS, PeerStep, system_workload
 
     hw = load_hardware("h200-x1")
     curves = replace(hw.gpu.compute, gemm_half_m=0.0, gemm_half_n=0.0, gemm_half_k=0.0, kernel_us=0.0,
-                     attention_half_seq=0.0, attention_fwd_us=0.0, attention_bwd_us=0.0, step_factor=1.0)
+                     attention_half_seq=0.0, attention_fwd_us=0.0, attention_bwd_us=0.0, step_factor=1.0,
+                     layer_dispatch_us=0.0, backward_dispatch_us=0.0, layer_overhead_us=0.0, backward_overhead_us=0.0)
     hw = replace(hw, gpu=replace(hw.gpu, compute=curves))
     spec = ModelSpec(name="plain", layers=3, hidden=256, ffn=768, heads=4, kv_heads=2, head_dim=64, vocab=1000,
                      tied_embeddings=True)
@@ -543,4 +546,18 @@ def test_resident_kernels_prices_a_resident_step_by_kind_in_closed_form():
     attention = tokens * spec.layers * spec.layer_attention_flops_per_token(seq)
     assert got["attention"] == pytest.approx(2 * attention / (curves.attention_fwd_tflops * 1e12)
                                              + 2.5 * attention / (curves.attention_bwd_tflops * 1e12), rel=1e-9)
-    assert got["other"] > 0
+    system = SYSTEMS["ddp-resident"]
+    step = PeerStep(system, system_workload(system, spec, hw, seq, batch))
+    plan = sum(step.forward_s(u) + step.backward_s(u)[0] for u in range(step.w.num_units)) + step.gpu_adam_s()
+    assert sum(got.values()) == pytest.approx(plan, rel=1e-9)
+
+    rows = tmp_path / "k.jsonl"
+    rows.write_text('{"model": "qwen3-0.6b", "batch": 1, "seq": 512, "kind_s": {"gemm": 0.1, "attention": 0.01,'
+                    ' "other": 0.1}}\n{"isolated_vs_queued": {}}\n')
+    cmd = [sys.executable, "-m", "benchmarks.resident_kernels", "--compare"]
+    ok = subprocess.run([*cmd, str(rows)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert ok.returncode == 0 and len([line for line in ok.stdout.splitlines() if line.strip().startswith("1 ")]) == 3
+    for bad, why in [([str(tmp_path / "missing.jsonl")], "No such file"), ([str(rows), "--profile", "h100-sxm-x8"],
+                                                                          "one-GPU profile")]:
+        proc = subprocess.run([*cmd, *bad], capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert proc.returncode == 2 and why in proc.stderr and "Traceback" not in proc.stderr

@@ -291,12 +291,13 @@ def test_a_peer_step_prices_the_peers_own_attention():
     assert PeerStep(SYSTEMS["slideformer"], w).w.with_policy(w.policy).attention == "eager"
 
 
-@pytest.mark.parametrize("name", ["qwen3-4b", "qwen2.5-72b", "llama-3-8b"])
-def test_autocast_over_fp32_weights_adds_its_stream_and_weight_casts_in_closed_form(name):
+@pytest.mark.parametrize("name, qk_bytes", [("qwen3-4b", 30), ("qwen2.5-72b", 16), ("llama-3-8b", 16)])
+def test_autocast_over_fp32_weights_adds_its_stream_and_weight_casts_in_closed_form(name, qk_bytes):
     """amp-fp32 (plain GPU-resident training) moves, per layer forward, 22 B per element of the hidden state and 30
-    B per element of q and k beyond the bf16 operations, and casts every weight (6 B per parameter); the weights'
-    cast runs once more in backward (the gradients'), not twice like an elementwise chain."""
-    from slidedp.compute import AMP_FP32, amp_fp32_ops
+    B per element of q and k with q/k norms (16 without) beyond the bf16 operations, and casts every projection
+    weight (6 B per parameter, one kernel each); the weights' casts have no backward of their own: the gradients'
+    casts replace the per-unit gradient passes."""
+    from slidedp.compute import AMP_FP32
 
     m = load_model_spec(name)
     b, s = 2, 1024
@@ -304,19 +305,26 @@ def test_autocast_over_fp32_weights_adds_its_stream_and_weight_casts_in_closed_f
     bf16 = m.layer_forward_ops(b, s)
     amp = m.layer_forward_ops(b, s, precision=AMP_FP32)
     assert amp[:len(bf16)] == bf16
-    extra = amp[len(bf16):]
-    assert extra == amp_fp32_ops(t, m.hidden, m.q_dim + m.kv_dim, m.layer_params, m.layer_tensors)
-    stream, weights = extra
-    assert stream.nbytes == t * (22 * m.hidden + 30 * (m.q_dim + m.kv_dim))
-    assert weights.nbytes == 6 * m.layer_params and weights.kernels == m.layer_tensors
-    back = {op.name: op for op in c.backward_ops(extra)}
-    assert back["amp_stream"].nbytes == 2 * stream.nbytes and back["amp_weight_cast"].nbytes == weights.nbytes
+    stream, weights = amp[len(bf16):]
+    assert (stream.name, stream.kernels) == ("amp_stream", 3)
+    assert stream.nbytes == t * (22 * m.hidden + qk_bytes * (m.q_dim + m.kv_dim))
+    h = m.hidden
+    linear = 2 * h * m.q_dim + 2 * h * m.kv_dim + 3 * h * m.ffn + (m.q_dim + 2 * m.kv_dim if m.attn_bias else 0)
+    assert m.layer_linear_params == linear
+    assert weights.nbytes == 6 * linear and weights.kernels == 7 + (3 if m.attn_bias else 0)
+    back = {op.name: op for op in c.backward_ops([stream, weights])}
+    assert back["amp_stream"].nbytes == 2 * stream.nbytes and back["amp_stream"].kernels == 6
+    assert back["amp_weight_cast"].nbytes == 0 and back["amp_weight_cast"].kernels == 0
     with pytest.raises(SlideDPError, match="precision 'fp16'"):
         m.layer_forward_ops(b, s, precision="fp16")
 
 
 def test_only_the_autocast_peer_prices_an_fp32_stream_and_a_mismatched_workload_is_refused():
-    from slidedp.compute import AMP_FP32, BF16
+    """Its layers' forward is the bf16 one plus the amp ops; its backward adds their backward and the recomputed
+    forward's amp ops, and swaps the per-unit gradient passes for the gradients' casts. Nothing else changes."""
+    from dataclasses import replace as dc_replace
+
+    from slidedp.compute import AMP_FP32, BF16, amp_fp32_ops, amp_gradient_ops, gradient_ops
     from slidedp.peers import SYSTEMS, PeerStep, peer_workload, system_workload
 
     m, hw = load_model_spec("qwen3-0.6b"), load_hardware("h200-x1")
@@ -324,9 +332,22 @@ def test_only_the_autocast_peer_prices_an_fp32_stream_and_a_mismatched_workload_
     resident = SYSTEMS["ddp-resident"]
     with pytest.raises(ValueError, match="amp-fp32"):
         PeerStep(resident, peer_workload(m, hw, 1024, 1))
-    amp = PeerStep(resident, system_workload(resident, m, hw, 4096, 4)).w  # the passes above the dispatch floor
-    bf16 = peer_workload(m, hw, 4096, 4, precision=BF16)
+    with pytest.raises(SlideDPError, match="precision"):
+        dc_replace(resident, precision="fp8")
+    curves = replace(hw.gpu.compute, layer_dispatch_us=0.0, backward_dispatch_us=0.0, layer_overhead_us=0.0,
+                     backward_overhead_us=0.0)
+    hw = replace(hw, gpu=replace(hw.gpu, compute=curves))
+    b, s = 4, 4096
+    amp = PeerStep(resident, system_workload(resident, m, hw, s, b)).w
+    bf16 = peer_workload(m, hw, s, b, precision=BF16)
+    extra = amp_fp32_ops(b * s, m.hidden, m.q_dim + m.kv_dim, True, m.layer_linear_params, m.layer_linear_tensors)
     layer = next(i for i, u in enumerate(amp.units) if u.kind == "layer")
-    assert amp.units[layer].fwd_s > bf16.units[layer].fwd_s and amp.units[layer].bwd_s > bf16.units[layer].bwd_s
-    assert amp.with_policy(amp.policy).precision == AMP_FP32
-    assert [u.fwd_s for u in amp.units if u.kind != "layer"] == [u.fwd_s for u in bf16.units if u.kind != "layer"]
+    assert amp.units[layer].fwd_s - bf16.units[layer].fwd_s == pytest.approx(curves.total_seconds(extra))
+    grads = curves.total_seconds(amp_gradient_ops(m.layer_linear_params, m.layer_linear_tensors)) - \
+        curves.total_seconds(gradient_ops(m.layer_params, m.layer_tensors, 1))
+    assert amp.units[layer].bwd_s - bf16.units[layer].bwd_s == pytest.approx(
+        curves.total_seconds(c.backward_ops(extra)) + curves.total_seconds(extra) + grads)
+    assert [(u.fwd_s, u.bwd_s) for u in amp.units if u.kind != "layer"] == \
+        [(u.fwd_s, u.bwd_s) for u in bf16.units if u.kind != "layer"]
+    rebuilt = amp.with_policy(amp.policy.with_(loss_chunk_tokens=2048))  # new units: the precision must carry over
+    assert rebuilt.precision == AMP_FP32 and rebuilt.units[layer].fwd_s == amp.units[layer].fwd_s
