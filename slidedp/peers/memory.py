@@ -97,6 +97,9 @@ EAGER_SCORE_WORKING_BYTES = 16
 def _activations(step: PeerStep) -> float:
     """GPU bytes of activations at the start of backward: the shared per-layer-recompute count, or the system's."""
     s, w = step.system, step.w
+    # bf16 checkpoints for every system, also autocast's (PeerSystem.precision AMP_FP32), whose layer inputs are
+    # fp32: counted so, the 13 GPU-resident rows with an exact allocated peak erred by 3.3 GiB on average against 1.4
+    # with bf16 (benchmarks/RESULTS.md, "Allocator fragmentation", 2026-12-07). Not understood; kept as measured.
     ckpt = w.model.checkpoint_bytes_per_token() * w.tokens_per_rank
     working = w.model.full_activation_bytes_per_token() * w.tokens_per_micro_batch
     # Eager attention: every score of one layer, batch x heads x seq x seq, whichever way activations are kept.
