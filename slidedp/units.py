@@ -122,7 +122,7 @@ def attention_span(lengths: list[int] | tuple[int, ...]) -> float:
 def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int, seq: int,
               loss_chunk_tokens: int = 4096, seq_tile_tokens: int = 0,
               attention_span: float | None = None, attention: str = "sdpa",
-              kept_layers: int = 0, precision: str = "bf16") -> tuple[UnitWork, ...]:
+              kept_layers: int = 0, precision: str = BF16) -> tuple[UnitWork, ...]:
     """The units of ``m`` with their work for one activation policy, micro-batching and sequence tile.
     ``kept_layers``: under ``recompute``, the last k decoder layers keep their graphs (Policy.kept_layers): the
     one rule of which layers recompute, followed by the runtime (UnitWork.recompute) and the models alike.

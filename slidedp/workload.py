@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from slidedp.compute import check_attention, check_precision
+from slidedp.compute import BF16, check_attention, check_precision
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GB, GPUSpec, HardwareProfile
 from slidedp.model_spec import BF16_BYTES, ModelSpec
@@ -51,7 +51,7 @@ def unit_inputs(policy: Policy) -> tuple:
 
 
 def policy_unit_work(model: ModelSpec, policy: Policy, seq: int, attention_span: float | None = None,
-                     attention: str = "sdpa", precision: str = "bf16") -> tuple[UnitWork, ...]:
+                     attention: str = "sdpa", precision: str = BF16) -> tuple[UnitWork, ...]:
     """unit_work for the fields of ``policy`` it depends on (unit_inputs): the one place that maps a policy to
     its units' work, for the runtime (which layers recompute, the trace's FLOPs) and, timed by policy_units, for
     the workload, the tuner's cache and the calibration's refits."""
@@ -61,7 +61,7 @@ def policy_unit_work(model: ModelSpec, policy: Policy, seq: int, attention_span:
 
 
 def policy_units(model: ModelSpec, gpu: GPUSpec, policy: Policy, seq: int, attention_span: float | None = None,
-                 attention: str = "sdpa", precision: str = "bf16") -> tuple[Unit, ...]:
+                 attention: str = "sdpa", precision: str = BF16) -> tuple[Unit, ...]:
     """The units of ``policy_unit_work`` timed on ``gpu``."""
     return time_units(policy_unit_work(model, policy, seq, attention_span, attention, precision), gpu)
 
@@ -76,7 +76,7 @@ class StepWorkload:
 
     def __init__(self, model: ModelSpec, hw: HardwareProfile, policy: Policy, seq: int, global_batch: int,
                  units: tuple[Unit, ...] | None = None, hosts: int = 1, attention_span: float | None = None,
-                 attention: str = "sdpa", precision: str = "bf16"):
+                 attention: str = "sdpa", precision: str = BF16):
         if not isinstance(seq, int) or seq < 1:
             raise SlideDPError(f"sequence length must be a positive integer, got {seq!r}")
         if not isinstance(global_batch, int) or global_batch < 1:

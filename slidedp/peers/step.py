@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from slidedp.compute import Elementwise
+from slidedp.compute import BF16, Elementwise
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GPUSpec, HardwareProfile
 from slidedp.model_spec import ModelSpec
@@ -69,7 +69,7 @@ def peer_policy(per_rank_batch: int) -> Policy:
 
 
 def peer_workload(model: ModelSpec, hw: HardwareProfile, seq: int, batch: int,
-                  attention: str = "sdpa", precision: str = "bf16") -> StepWorkload:
+                  attention: str = "sdpa", precision: str = BF16) -> StepWorkload:
     """The workload a peer runs on ``hw``'s GPUs at global ``batch`` (which the GPU count must divide), with its
     attention kernel and numerics (PeerSystem.attention, PeerSystem.precision; system_workload passes both)."""
     if batch % hw.num_gpus:

@@ -242,9 +242,6 @@ class PeerSystem:
     # The layers' numerics the compute model prices (slidedp.compute.PRECISIONS): AMP_FP32 for fp32 weights under
     # autocast (plain GPU-resident training: its residual stream is fp32), BF16 for systems that compute in bf16.
     precision: str = BF16
-
-    def __post_init__(self) -> None:
-        check_precision(self.precision)
     # The caching allocator's bytes beyond the allocated peak per byte allocated and freed within a step (measured:
     # ALLOCATOR_FRAGMENTATION); 0 where not measured.
     allocator_fragmentation: float = 0.0
@@ -270,6 +267,9 @@ class PeerSystem:
     # The attention kernel the system's model runs (slidedp.compute.ATTENTION_IMPLEMENTATIONS): SlideFormer
     # hard-codes HF's eager attention (main_dp.py), which materialises every score (compute and GPU memory).
     attention: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        check_precision(self.precision)
 
     @property
     def streams_weights(self) -> bool:
