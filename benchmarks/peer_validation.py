@@ -35,11 +35,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.common import log, read_jsonl, require_cuda
+from benchmarks.host_profile_spread import row_spec
 from benchmarks.peer_predictions import error_summary, error_text, predict
-from benchmarks.peer_setup import spec_as_trained
 from slidedp.errors import SlideDPError
 from slidedp.hardware import HardwareProfile, load_hardware
-from slidedp.model_spec import load_model_spec
 from slidedp.report.peers import SIMULATED_AS
 
 DEFAULT_SYSTEMS = ("deepspeed-offload", "fsdp2-offload")
@@ -259,7 +258,7 @@ def compare_folder(folder: Path, repredict: HardwareProfile | None = None) -> st
             row = next((r for r in rows if r.get("system") == system and r.get("status") in ("ok", "oom")), None)
             if row is None or system not in SIMULATED_AS:
                 continue
-            spec = spec_as_trained(load_model_spec(row["model"]), row)  # one model and seq per system and call
+            spec = row_spec(row)  # one model and seq per system and call
             peers[system] = {b: predict(SIMULATED_AS[system], row["model"], repredict, int(row["seq"]), int(b), spec)
                              for b in per}
         predictions = {**predictions, "profile": repredict.name, "contention": {}, "peers": peers}
