@@ -234,6 +234,15 @@ class ModelSpec:
             ops += c.amp_fp32_ops(t, h, q + kv, self.qk_norm, self.layer_linear_params, self.layer_linear_tensors)
         return ops
 
+    def layer_gradient_ops(self, accumulations: int, precision: str = c.BF16) -> list[c.ComputeOp]:
+        """One decoder layer's per-step gradient bookkeeping on the GPU, for the numerics of its forward
+        (:meth:`layer_forward_ops`): SlideDP's fp32 buffer passes over every parameter (slidedp.compute.gradient_ops,
+        ``accumulations`` micro-batches into it), or under autocast over fp32 weights each projection's bf16
+        gradient cast into its parameter's .grad (slidedp.compute.amp_gradient_ops)."""
+        if c.check_precision(precision) == c.AMP_FP32:
+            return c.amp_gradient_ops(self.layer_linear_params, self.layer_linear_tensors)
+        return c.gradient_ops(self.layer_params, self.layer_tensors, accumulations)
+
     def _rmsnorm_op(self, tokens: int, passes: int) -> c.Elementwise:
         return c.Elementwise("rmsnorm", tokens * self.hidden * c.RMSNORM_BYTES, passes * c.RMSNORM_KERNELS)
 

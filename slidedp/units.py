@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeVar
 
-from slidedp.compute import BF16, ComputeOp, amp_gradient_ops, backward_ops, gradient_ops
+from slidedp.compute import BF16, ComputeOp, backward_ops, gradient_ops
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GPUSpec
 from slidedp.model_spec import ModelSpec
@@ -146,8 +146,7 @@ def unit_work(m: ModelSpec, activation: str, micro_batch: int, accumulation: int
     layer_bwd = tuple(backward_ops(list(layer_fwd)))
     tile_ops = tuple(m.tile_recompute_ops(micro_batch, seq, seq_tile_tokens))
     tile_flops = sum(op.flops for op in tile_ops)
-    layer_grads = tuple(gradient_ops(m.layer_params, m.layer_tensors, accumulation) if precision == BF16 else
-                        amp_gradient_ops(m.layer_linear_params, m.layer_linear_tensors))
+    layer_grads = tuple(m.layer_gradient_ops(accumulation, precision))
     layers: dict[bool, UnitWork] = {}  # the layers differ only in place and in whether they rerun the forward
     for i in range(m.layers):
         reruns = recompute and i < first_kept

@@ -334,6 +334,8 @@ def test_only_the_autocast_peer_prices_an_fp32_stream_and_a_mismatched_workload_
         PeerStep(resident, peer_workload(m, hw, 1024, 1))
     with pytest.raises(SlideDPError, match="precision"):
         dc_replace(resident, precision="fp8")
+    with pytest.raises(SlideDPError, match="precision"):
+        m.layer_gradient_ops(1, "fp8")
     curves = replace(hw.gpu.compute, layer_dispatch_us=0.0, backward_dispatch_us=0.0, layer_overhead_us=0.0,
                      backward_overhead_us=0.0)
     hw = replace(hw, gpu=replace(hw.gpu, compute=curves))
