@@ -292,6 +292,9 @@ CURVE_FAMILIES: dict[str, tuple[str, ...]] = {
                   "attention_bwd_us"),
     "memory-bound": ("memory_gbps", "memory_gbps_by_kind", "memory_kernel_us"),
 }
+# What only timed decoder-layer passes fit (``calibrate --model M``): the CPU's dispatch floor and the fixed cost
+# of a pass. Without such samples the fit has no say in them, so the base profile's stand.
+LAYER_PASS_FIELDS = ("layer_dispatch_us", "layer_overhead_us", "backward_dispatch_us", "backward_overhead_us")
 
 
 def compute_curves_profile(gpu, samples: ShapeSamples, warnings: list[str]):
@@ -315,5 +318,9 @@ def compute_curves_profile(gpu, samples: ShapeSamples, warnings: list[str]):
             if any(w.startswith(name) and "not credible" in w for w in fit.warnings for name in fields):
                 curves = replace(curves, **{name: getattr(gpu.compute, name) for name in fields})
                 warnings.append(f"compute curves: kept the {family} parameters of the base profile")
+        if not samples.layers:
+            curves = replace(curves, **{name: getattr(gpu.compute, name) for name in LAYER_PASS_FIELDS})
+            warnings.append("compute curves: no decoder-layer passes timed (calibrate --model M times them): kept "
+                            "the base profile's dispatch floor and pass costs")
     return replace(gpu, compute=curves), {"residuals": fit.residuals, "peak_tflops": peak_tflops,
                                           "peak_memory_gbps": peak_gbps}

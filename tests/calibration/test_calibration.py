@@ -333,8 +333,9 @@ def test_the_duplex_cap_comes_from_this_hosts_copies_where_pcie_was_not_benchmar
     assert profile_from(base, replace(m, contention=contention, duplex_gbps=80.0))[0].gpu.duplex_gbps == 80.0
 
 
-def test_compute_curves_that_are_not_credible_keep_the_base_family():
-    """Attention samples faster than the chip's peak: the attention parameters stay the base profile's."""
+def test_compute_curves_that_are_not_credible_or_not_timed_keep_the_base_ones():
+    """Attention samples faster than the chip's peak: the attention parameters stay the base profile's. No
+    decoder-layer passes timed: so do its dispatch floor and pass costs."""
     from slidedp import compute as c
     from slidedp.calibration.shape_bench import GPU_GEMMS
     from slidedp.calibration.shape_fit import ShapeSamples
@@ -352,6 +353,11 @@ def test_compute_curves_that_are_not_credible_keep_the_base_family():
     assert got.attention_bwd_tflops == truth.attention_bwd_tflops
     assert got.gemm_tflops == pytest.approx(truth.gemm_tflops, rel=0.05)
     assert any("kept the attention parameters" in w for w in report["warnings"])
+    # no decoder-layer passes timed: the base's dispatch floor and pass costs stand (the fit would say 0)
+    assert truth.layer_dispatch_us > 0 and truth.backward_dispatch_us > 0
+    for name in ("layer_dispatch_us", "layer_overhead_us", "backward_dispatch_us", "backward_overhead_us"):
+        assert getattr(got, name) == getattr(truth, name)
+    assert any("no decoder-layer passes timed" in w for w in report["warnings"])
 
 
 def test_logits_bandwidth_recovers_the_heads_measured_time(tmp_path):
