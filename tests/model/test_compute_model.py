@@ -225,18 +225,42 @@ def test_fit_recovers_the_dispatch_floor_and_pass_overhead():
 
 
 def test_shipped_presets_follow_the_one_chip_rule():
-    """Every non-H200 preset's compute curves are the H200's measured ones carried by slidedp.chips."""
+    """A preset of a measured chip carries that chip's measured curves; the RTX 4090's, the H200's carried by
+    datasheet ratios (slidedp.chips); each says so in its notes."""
     from pathlib import Path
 
     import slidedp.presets
-    from slidedp.chips import CHIPS, derived_presets
+    from slidedp.chips import CHIPS, MEASURED_PRESETS, derived_presets
 
     derived = derived_presets(Path(slidedp.presets.__file__).parent)
-    assert {p.stem for p in derived} == {"h100-sxm-x1", "h100-sxm-x4", "h100-sxm-x8", "h100-sxm-x8-ib", "rtx4090-x4"}
+    assert {p.stem for p in derived} == {"h100-sxm-x4", "h100-sxm-x8", "h100-sxm-x8-ib", "rtx4090-x4"}
     for path, expected in derived.items():
         shipped = load_hardware(path.stem)
-        assert shipped.gpu.compute == expected.gpu.compute
-        assert "assumed unchanged" in shipped.notes and CHIPS[shipped.gpu.name].source in shipped.notes
+        assert shipped.gpu.compute == expected.gpu.compute and shipped.notes == expected.notes
+        assert "assumed unchanged" in shipped.notes
+        if shipped.gpu.name in MEASURED_PRESETS:
+            assert shipped.gpu.compute == load_hardware(MEASURED_PRESETS[shipped.gpu.name]).gpu.compute
+        else:
+            assert CHIPS[shipped.gpu.name].source in shipped.notes
+    rtx = load_hardware("rtx4090-x4").gpu.compute
+    h200 = load_hardware("h200-x1").gpu.compute
+    assert rtx.memory_gbps == pytest.approx(h200.memory_gbps * 1008.0 / 4800.0)
+
+
+def test_the_h100_preset_carries_the_calibration_its_notes_name():
+    """call59's fitted curves as written, but the layer pass terms it did not time: those stay the H200's (the fit
+    alone would have set them to 0)."""
+    from pathlib import Path
+
+    from slidedp.calibration.profile_fit import LAYER_PASS_FIELDS
+
+    shipped, h200 = load_hardware("h100-sxm-x1"), load_hardware("h200-x1")
+    source = "benchmarks/results/h100-2026-12-07i/c59/full.yaml"
+    assert source in shipped.notes
+    measured = load_hardware(str(Path(__file__).parents[2] / source)).gpu.compute
+    assert shipped.gpu.compute == replace(measured, **{n: getattr(h200.gpu.compute, n) for n in LAYER_PASS_FIELDS})
+    assert shipped.gpu.compute.memory_gbps_by_kind["residual"] / h200.gpu.compute.memory_gbps_by_kind["residual"] \
+        == pytest.approx(0.748, abs=0.001)
 
 
 def test_step_factor_scales_the_operations_not_the_dispatch_floor():
