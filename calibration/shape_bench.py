@@ -44,6 +44,10 @@ GPU_ELEMENTWISE = ((4096, 2048), (16384, 4096), (65536, 4096), (32768, 8192))  #
 GPU_HEADS = ((4096, 2048, 151936), (4096, 4096, 128256), (2048, 5120, 32000), (4096, 2560, 151936))
 CPU_HEADS = ((32, 16, 300), (64, 32, 500))
 CPU_ELEMENTWISE = ((256, 64), (1024, 128))
+# (decoder layers, hidden, ffn) whose fp32 parameters the optimizer benchmark clips and updates: 134M and 537M
+# parameters on a GPU (2.7 and 10.7 GB with gradients and moments), a few thousand on the CPU.
+GPU_OPTIMIZER = ((2, 2048, 8192), (8, 2048, 8192))
+CPU_OPTIMIZER = ((2, 32, 64), (4, 64, 128))
 
 
 # A CUDA timing group queues calls of one operation up to this many, or this many seconds of them.
@@ -210,6 +214,30 @@ def elementwise_samples(timer: Timer, dtype: torch.dtype, shapes) -> list[tuple[
     return out
 
 
+def optimizer_samples(timer: Timer, shapes) -> list[tuple[c.Elementwise, float]]:
+    """A GPU-resident peer's step after backward over fp32 parameters shaped like ``layers`` decoder layers (seven
+    projections and two norms each): torch's global-norm clip and fused AdamW (foreach on a CPU without the fused
+    kernel), against the bytes slidedp.compute.gpu_optimizer_op counts."""
+    out = []
+    for layers, hidden, ffn in shapes:
+        shapes_one = [(hidden, hidden)] * 4 + [(ffn, hidden)] * 2 + [(hidden, ffn)] + [(hidden,)] * 2
+        params = [torch.zeros(shape, device=timer.device, requires_grad=True) for _ in range(layers)
+                  for shape in shapes_one]
+        for p in params:
+            p.grad = torch.randn_like(p) * 1e-3
+        fused = timer.device.type == "cuda"
+        opt = torch.optim.AdamW(params, lr=1e-5, fused=fused, foreach=None if fused else True)
+
+        def step(params=params, opt=opt):
+            torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+            opt.step()
+
+        step()  # the moments are allocated on the first step, outside the timing
+        out.append((c.gpu_optimizer_op(sum(p.numel() for p in params)), timer.seconds(step)))
+        del params, opt
+    return out
+
+
 def head_samples(timer: Timer, dtype: torch.dtype, shapes) -> list[tuple[tuple[int, int, int], list, float]]:
     """One chunk of the runtime's own loss head (runtime.loss_head.LossHead: final norm, lm_head, cross-entropy
     and the gradients it produces in forward, fp32 weight-gradient accumulation included) per shape."""
@@ -301,7 +329,8 @@ def shape_samples(layer_model: str | None = None, quick: bool = False, progress:
                                           if cuda else CPU_ATTENTION)
     if progress:
         progress(2, steps)
-    samples.elementwise = elementwise_samples(timer, dtype, GPU_ELEMENTWISE if cuda else CPU_ELEMENTWISE)
+    samples.elementwise = elementwise_samples(timer, dtype, GPU_ELEMENTWISE if cuda else CPU_ELEMENTWISE) + \
+        optimizer_samples(timer, GPU_OPTIMIZER if cuda else CPU_OPTIMIZER)
     if progress:
         progress(3, steps)
     samples.heads = head_samples(timer, dtype, (GPU_HEADS[:2] if quick else GPU_HEADS) if cuda else CPU_HEADS)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from scipy.optimize import least_squares
 
-from slidedp.compute import MEASURED_KIND, Attention, ComputeCurves, ComputeOp, Elementwise, Gemm
+from slidedp.compute import MEASURED_KIND, MULTI_TENSOR_KINDS, Attention, ComputeCurves, ComputeOp, Elementwise, Gemm
 from slidedp.errors import SlideDPError
 
 
@@ -103,7 +103,9 @@ def fit_curves(samples: ShapeSamples, peak_tflops: float, peak_memory_gbps: floa
 
     memory_gbps, memory_kernel_us = peak_memory_gbps * 0.7, kernel_us
     by_kind: dict[str, float] = {}
-    if samples.elementwise:
+    e_kind = np.array([MEASURED_KIND.get(op.name, "") for op, _ in samples.elementwise])
+    generic = ~np.isin(e_kind, list(MULTI_TENSOR_KINDS))
+    if generic.any():
         e_b = np.array([op.nbytes for op, _ in samples.elementwise])
         e_k = np.array([op.kernels for op, _ in samples.elementwise], dtype=float)
         e_t = np.array([t for _, t in samples.elementwise])
@@ -111,11 +113,11 @@ def fit_curves(samples: ShapeSamples, peak_tflops: float, peak_memory_gbps: floa
         def mem_pred(x):
             return e_b / (x[0] * 1e9) + e_k * x[1] * 1e-6
 
-        x = _solve(lambda x: np.log(mem_pred(x) / e_t), [float(np.median(e_b / e_t)) / 1e9, kernel_us],
-                   [1e-3, 0.0], [peak_memory_gbps, 1e3])
+        x = _solve(lambda x: np.log(mem_pred(x)[generic] / e_t[generic]),
+                   [float(np.median(e_b[generic] / e_t[generic])) / 1e9, kernel_us], [1e-3, 0.0],
+                   [peak_memory_gbps, 1e3])
         memory_gbps, memory_kernel_us = float(x[0]), float(x[1])
         # Then each measured module on its own: its bytes are nominal, its achieved bandwidth is its own.
-        e_kind = np.array([MEASURED_KIND.get(op.name, "") for op, _ in samples.elementwise])
         pred = mem_pred(x)
         for kind in sorted(set(e_kind) - {""}):
             sel = e_kind == kind

@@ -100,7 +100,23 @@ EAGER_SCORES_BACKWARD_FACTOR = 24 / 20
 # (ComputeCurves.memory_gbps_by_kind); ops no benchmark covers use the generic memory_gbps.
 MEASURED_KIND: dict[str, str] = {"rmsnorm": "rmsnorm", "qk_norm": "rmsnorm", "rotary": "rotary",
                                  "swiglu": "swiglu", "residual": "residual", "qkv_bias": "residual",
-                                 "logits": "logits"}
+                                 "logits": "logits", "gpu_optimizer": "optimizer"}
+# Kinds the generic memory_gbps leaves out of its fit: multi-tensor passes over a whole parameter list, unlike the
+# one-tensor elementwise modules the generic bandwidth stands for (the gradient passes, casts, bias adds).
+MULTI_TENSOR_KINDS = frozenset({"optimizer"})
+# A GPU-resident optimizer step after backward, as torch runs it over fp32 state: clip_grad_norm_ reads each
+# gradient for the norm and reads and writes it to scale (12 B per parameter), fused AdamW reads weight, gradient
+# and both moments and writes weight and moments (28 B); multi-tensor launches (the norm, the scale, the update).
+# Timed by calibration.shape_bench.optimizer_samples (kind "optimizer"); on an H100 the step ran at 2.1-2.3 TB/s
+# where the elementwise modules' generic fit says 2.7 (benchmarks/RESULTS.md, twenty-second session).
+GPU_CLIP_HBM_BYTES, GPU_FUSED_ADAMW_HBM_BYTES = 12, 28
+GPU_OPTIMIZER_KERNELS = 3
+
+
+def gpu_optimizer_op(params: float) -> Elementwise:
+    """The clip and fused AdamW over ``params`` fp32 parameters, as one memory-bound op of kind ``optimizer``."""
+    return Elementwise("gpu_optimizer", float((GPU_CLIP_HBM_BYTES + GPU_FUSED_ADAMW_HBM_BYTES) * params),
+                       GPU_OPTIMIZER_KERNELS)
 # Backward per parameter: zero the fp32 gradient (4 B), add each micro-batch's bf16 gradient into it
 # (read 4 + 2, write 4), square-sum for the norm (4) and cast to bf16 for the D2H (read 4, write 2).
 GRAD_ZERO_BYTES, GRAD_ACCUMULATE_BYTES, GRAD_FINISH_BYTES = 4, 10, 10

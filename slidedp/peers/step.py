@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from slidedp.compute import BF16, Elementwise
+from slidedp.compute import BF16, GPU_CLIP_HBM_BYTES, GPU_FUSED_ADAMW_HBM_BYTES, Elementwise, gpu_optimizer_op
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GPUSpec, HardwareProfile
 from slidedp.model_spec import ModelSpec
@@ -31,17 +31,7 @@ PEER_WINDOW = 2
 GRAD_SYNC_OP = "grad_sync"
 # HBM bytes per parameter of the GPU AdamW that GPUSpec.adam_gparams_per_s times (its comment: about HBM bandwidth
 # / 40 B per parameter): the HBM bandwidth of a profile without shape-aware compute curves.
-GPU_ADAM_HBM_BYTES = 40
-# The GPU-resident peers' optimizer step after backward, as torch runs it over fp32 state: clip_grad_norm_ reads
-# each gradient for the norm and reads and writes it to scale (12 B per parameter), fused AdamW reads weight,
-# gradient and both moments and writes weight and moments (28 B). Priced as memory-bound passes: on the H100
-# preset's memory rate 20.6 and 48.0 ms for Qwen3-4B's 4.02 G parameters, measured 22-23 and 44-46 ms on an H100
-# (benchmarks/RESULTS.md, nineteenth session, c49 and c52 --phases). Together GPU_ADAM_HBM_BYTES, so a profile
-# without compute curves prices the step at its adam_gparams_per_s as before.
-GPU_CLIP_HBM_BYTES = 12
-GPU_FUSED_ADAMW_HBM_BYTES = 28
-GPU_OPTIMIZER_OP = "gpu_optimizer"
-GPU_OPTIMIZER_KERNELS = 3  # the norm, the scale, the update: multi-tensor launches over every tensor at once
+GPU_ADAM_HBM_BYTES = GPU_CLIP_HBM_BYTES + GPU_FUSED_ADAMW_HBM_BYTES
 
 
 def unit_tensors(model: ModelSpec, kind: str) -> int:
@@ -236,11 +226,12 @@ class PeerStep:
 
     def gpu_adam_s(self) -> float:
         """Seconds of the GPU-resident optimizer step after backward: the global-norm clip and fused AdamW over
-        the rank's fp32 state, as memory-bound passes (GPU_CLIP_HBM_BYTES + GPU_FUSED_ADAMW_HBM_BYTES)."""
+        the rank's fp32 state (slidedp.compute.gpu_optimizer_op: at the optimizer's own bandwidth where calibration
+        timed it). A profile without compute curves prices it at its GPU AdamW rate, which assumes the same 40 B."""
         if self.system.updates_on_cpu:
             return 0.0
-        nbytes = (GPU_CLIP_HBM_BYTES + GPU_FUSED_ADAMW_HBM_BYTES) * self.params_per_rank
-        return gpu_memory_pass_seconds(self.w.hw.gpu, nbytes, GPU_OPTIMIZER_KERNELS, GPU_OPTIMIZER_OP)
+        op = gpu_optimizer_op(self.params_per_rank)
+        return gpu_memory_pass_seconds(self.w.hw.gpu, op.nbytes, op.kernels, op.name)
 
     # ---- the gradient offload in series with backward (PeerSystem.serial_grad_copy) ---------------------------
     def grad_sync_s(self, u: int) -> float:

@@ -194,6 +194,33 @@ def test_shape_benchmarks_run_on_the_cpu():
     assert all(t > 0 for _, _, t in s.heads)
     again = samples_from_json(samples_to_json(s))  # kept beside a profile, refitted without the device
     assert [(shape, t) for shape, _, t in again.heads] == [(shape, t) for shape, _, t in s.heads]
+    from slidedp.calibration.shape_bench import CPU_OPTIMIZER
+
+    optimizer = [op for op, _ in again.elementwise if c.MEASURED_KIND.get(op.name) == "optimizer"]
+    assert len(optimizer) == len(CPU_OPTIMIZER) and all(op.kernels == c.GPU_OPTIMIZER_KERNELS for op in optimizer)
+    assert optimizer[0].nbytes == 40 * 2 * (4 * 32 * 32 + 3 * 64 * 32 + 2 * 32)  # 2 layers, hidden 32, ffn 64
+
+
+def test_the_optimizer_bandwidth_is_its_own_and_leaves_the_generic_one_alone():
+    """Clip + fused AdamW timed at 2200 GB/s beside elementwise modules at the generic 3300: the fit finds 2200 for
+    the optimizer kind and the generic bandwidth as without those samples; a GPU-resident peer's optimizer step is
+    priced at it."""
+    from slidedp.peers import SYSTEMS, PeerStep, system_workload
+
+    truth = replace(CURVES, memory_gbps_by_kind={**CURVES.memory_gbps_by_kind, "optimizer": 2200.0})
+    plain = _synthetic(truth, 0.0)
+    with_optimizer = _synthetic(truth, 0.0)
+    with_optimizer.elementwise += [(op, truth.seconds(op)) for op in (c.gpu_optimizer_op(n) for n in (1.3e8, 5.4e8))]
+    fit, before = (fit_curves(s, 989.0, 4800.0).curves for s in (with_optimizer, plain))
+    assert fit.memory_gbps_by_kind["optimizer"] == pytest.approx(2200.0, rel=0.01)
+    assert "optimizer" not in before.memory_gbps_by_kind
+    assert fit.memory_gbps == pytest.approx(before.memory_gbps, rel=1e-6)
+    assert fit.memory_kernel_us == pytest.approx(before.memory_kernel_us, rel=1e-6)
+    m, hw = load_model_spec("qwen3-0.6b"), load_hardware("h200-x1")
+    resident = SYSTEMS["ddp-resident"]
+    step = PeerStep(resident, system_workload(resident, m, replace(hw, gpu=replace(hw.gpu, compute=fit)), 1024, 1))
+    assert step.gpu_adam_s() == pytest.approx(40 * step.params_per_rank / 2200e9 + 3 * fit.memory_kernel_us * 1e-6,
+                                              rel=0.01)
 
 
 def test_a_layer_pass_is_not_faster_than_its_dispatch():
