@@ -561,3 +561,23 @@ def test_resident_kernels_prices_a_resident_step_by_kind_in_closed_form(tmp_path
                                                                           "one-GPU profile")]:
         proc = subprocess.run([*cmd, *bad], capture_output=True, text=True, timeout=120, cwd=REPO)
         assert proc.returncode == 2 and why in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+def test_the_byte_model_of_a_layers_forward_is_what_its_aten_calls_move(model_type):
+    """An HF decoder layer's memory-bound aten calls, counted under a dispatch mode on the CPU, move what
+    ModelSpec.layer_forward_ops says per token within 2%, with bf16 weights and with fp32 weights under autocast
+    (the amp stream's +22 B per hidden element and +30 / +16 B per q/k element with / without q/k norms)."""
+    from benchmarks.layer_bytes import per_token
+    from slidedp.compute import AMP_FP32, BF16
+
+    for precision in (BF16, AMP_FP32):
+        r = per_token(model_type, precision, (64, 192))
+        assert r.counted_fwd == pytest.approx(r.model_fwd, rel=0.02), precision
+        assert r.counted_bwd > r.model_fwd  # counted at all: backward moves more than forward
+
+
+def test_layer_bytes_refuses_bad_lengths_in_one_line():
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.layer_bytes", "--tokens", "9", "3"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2 and "--tokens" in proc.stderr and "Traceback" not in proc.stderr
