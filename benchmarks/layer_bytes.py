@@ -116,6 +116,36 @@ def per_token(model_type: str, precision: str, tokens: tuple[int, int] = (512, 1
                       elementwise(fwd) / scale, elementwise(c.backward_ops(fwd)) / scale)
 
 
+def module_bytes(dtype: torch.dtype = torch.bfloat16, tokens: int = 1024) -> dict[str, tuple[float, float]]:
+    """Forward and backward bytes of each eager module alone (per element of its input; rotary per q/k element),
+    with inputs that are not leaves, so that no .grad is written: backward up to its inputs only. The layer's
+    count less these is the traffic between modules (gradients summed where a tensor feeds several consumers,
+    the norms' weight gradients, casts)."""
+    import torch.nn.functional as F
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
+
+    def count(fn, *shapes, per_all_inputs: bool = False) -> tuple[float, float]:
+        xs = [torch.randn(*shape, dtype=dtype, requires_grad=True) * 1 for shape in shapes]
+        forward, backward = _ByteCount(), _ByteCount()
+        with forward:
+            y = fn(*xs)
+        y = torch.cat([t.reshape(-1) for t in y]) if isinstance(y, tuple) else y
+        grad = torch.randn_like(y)
+        with backward:
+            torch.autograd.grad(y, xs, grad)
+        elements = sum(torch.Size(shape).numel() for shape in (shapes if per_all_inputs else shapes[:1]))
+        return forward.total / elements, backward.total / elements
+
+    norm = Qwen3RMSNorm(HIDDEN).to(dtype).requires_grad_(False)
+    cos, sin = torch.randn(1, tokens, HEAD_DIM, dtype=dtype), torch.randn(1, tokens, HEAD_DIM, dtype=dtype)
+
+    hidden = (1, tokens, HIDDEN)
+    return {"rmsnorm": count(norm, hidden), "swiglu": count(lambda g, u: F.silu(g) * u, hidden, hidden),
+            "residual": count(lambda a, b: a + b, hidden, hidden),
+            "rotary": count(lambda q, k: apply_rotary_pos_emb(q, k, cos, sin), (1, HEADS, tokens, HEAD_DIM),
+                            (1, KV_HEADS, tokens, HEAD_DIM), per_all_inputs=True)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, nargs=2, default=(512, 1024), metavar=("SHORT", "LONG"))
@@ -129,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
             r = per_token(model_type, precision, tuple(args.tokens))
             print(f"{r.model_type:<7} {r.precision:<9} {r.counted_fwd:>11.1f} {r.model_fwd:>7.1f} "
                   f"{r.counted_bwd:>11.1f} {r.model_bwd:>7.1f}")
+    print("\neach module alone, bytes per input element (rotary: per q/k element): forward, backward, ratio")
+    for dtype in (torch.bfloat16, torch.float32):
+        for name, (fwd, bwd) in module_bytes(dtype, args.tokens[1]).items():
+            print(f"{str(dtype).removeprefix('torch.'):<9} {name:<9} {fwd:>7.1f} {bwd:>7.1f} {bwd / fwd:>6.2f}")
     return 0
 
 

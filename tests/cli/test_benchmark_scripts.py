@@ -581,3 +581,19 @@ def test_layer_bytes_refuses_bad_lengths_in_one_line():
     proc = subprocess.run([sys.executable, "-m", "benchmarks.layer_bytes", "--tokens", "9", "3"],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2 and "--tokens" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_each_eager_modules_bytes_alone_match_its_forward_constant():
+    """Alone, RMSNorm moves RMSNORM_BYTES per element, SwiGLU and the residual add their constants per element of
+    one input, rotary within 5% of ROTARY_BYTES per q/k element; a residual add's backward passes the gradient
+    through (0 B), and RMSNorm's backward moves more than twice its forward."""
+    import torch
+
+    from benchmarks.layer_bytes import module_bytes
+    from slidedp import compute as c
+
+    got = module_bytes(torch.bfloat16, 128)
+    assert got["rmsnorm"][0] == pytest.approx(c.RMSNORM_BYTES, rel=0.02)
+    assert got["swiglu"][0] == pytest.approx(c.SWIGLU_BYTES) and got["residual"][0] == pytest.approx(c.RESIDUAL_BYTES)
+    assert got["residual"][1] == 0 and got["rmsnorm"][1] > 2 * got["rmsnorm"][0]
+    assert got["rotary"][0] == pytest.approx(c.ROTARY_BYTES, rel=0.05)
