@@ -117,6 +117,8 @@ def gpu_optimizer_op(params: float) -> Elementwise:
     """The clip and fused AdamW over ``params`` fp32 parameters, as one memory-bound op of kind ``optimizer``."""
     return Elementwise("gpu_optimizer", float((GPU_CLIP_HBM_BYTES + GPU_FUSED_ADAMW_HBM_BYTES) * params),
                        GPU_OPTIMIZER_KERNELS)
+
+
 # Backward per parameter: zero the fp32 gradient (4 B), add each micro-batch's bf16 gradient into it
 # (read 4 + 2, write 4), square-sum for the norm (4) and cast to bf16 for the D2H (read 4, write 2).
 GRAD_ZERO_BYTES, GRAD_ACCUMULATE_BYTES, GRAD_FINISH_BYTES = 4, 10, 10
