@@ -8,7 +8,8 @@ for bf16 weights and for fp32 weights under autocast (slidedp.compute.AMP_FP32, 
 runs). The per-token slope between two sequence lengths leaves out the per-parameter work (weight casts). The
 aten operations are the ones the layer dispatches on any device, so the counts check the byte model
 (ModelSpec.layer_forward_ops, slidedp.compute.backward_ops) without a GPU; what they cannot see is how CUDA
-kernels fuse or how fast each runs (benchmarks.resident_kernels times those on a GPU).
+kernels fuse or how fast each runs (benchmarks.resident_kernels times those on a GPU). A biased projection is
+one addmm, counted with the GEMMs: Qwen2's q/k/v bias adds, a separate op in the byte model, do not show here.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 The grid spans the shapes decoder layers of any common width produce (GEMMs from 256 to 16K rows, widths
 1K to 150K; causal flash attention from 1K to 128K tokens with grouped KV heads; the eager Hugging Face
-memory-bound modules; one chunk of the runtime's loss head over the vocabularies of the common families), not
+memory-bound modules; a GPU-resident optimizer step, clip and fused AdamW over layer-shaped fp32 parameters; one
+chunk of the runtime's loss head over the vocabularies of the common families), not
 one target model, so the fitted curves price a model nobody calibrated on. Whole decoder layers of a calibration
 model are timed too, only to fit the per-pass overhead.
 
@@ -45,7 +46,7 @@ GPU_HEADS = ((4096, 2048, 151936), (4096, 4096, 128256), (2048, 5120, 32000), (4
 CPU_HEADS = ((32, 16, 300), (64, 32, 500))
 CPU_ELEMENTWISE = ((256, 64), (1024, 128))
 # (decoder layers, hidden, ffn) whose fp32 parameters the optimizer benchmark clips and updates: 134M and 537M
-# parameters on a GPU (2.7 and 10.7 GB with gradients and moments), a few thousand on the CPU.
+# parameters on a GPU (2.1 and 8.6 GB with gradients and moments), a few thousand on the CPU.
 GPU_OPTIMIZER = ((2, 2048, 8192), (8, 2048, 8192))
 CPU_OPTIMIZER = ((2, 32, 64), (4, 64, 128))
 
@@ -216,8 +217,8 @@ def elementwise_samples(timer: Timer, dtype: torch.dtype, shapes) -> list[tuple[
 
 def optimizer_samples(timer: Timer, shapes) -> list[tuple[c.Elementwise, float]]:
     """A GPU-resident peer's step after backward over fp32 parameters shaped like ``layers`` decoder layers (seven
-    projections and two norms each): torch's global-norm clip and fused AdamW (foreach on a CPU without the fused
-    kernel), against the bytes slidedp.compute.gpu_optimizer_op counts."""
+    projections and two norms each): torch's global-norm clip and fused AdamW (foreach on the CPU path), against
+    the bytes slidedp.compute.gpu_optimizer_op counts."""
     out = []
     for layers, hidden, ffn in shapes:
         shapes_one = [(hidden, hidden)] * 4 + [(ffn, hidden)] * 2 + [(hidden, ffn)] + [(hidden,)] * 2
@@ -234,7 +235,7 @@ def optimizer_samples(timer: Timer, shapes) -> list[tuple[c.Elementwise, float]]
 
         step()  # the moments are allocated on the first step, outside the timing
         out.append((c.gpu_optimizer_op(sum(p.numel() for p in params)), timer.seconds(step)))
-        del params, opt
+        del params, opt, step
     return out
 
 

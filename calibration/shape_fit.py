@@ -3,7 +3,8 @@
 Each family is fitted to its own samples, in relative error, so a fast small kernel counts as much as a
 slow big one: GEMMs give the asymptotic rate, the three half-efficiency dimensions and the per-kernel
 cost; attention its forward and backward rates, half-efficiency sequence length and fixed cost per call;
-memory-bound modules the achieved bandwidth (kernel cost held); chunks of the loss head the achieved
+memory-bound modules the achieved bandwidth (kernel cost held), each measured kind its own (the GPU optimizer
+step's multi-tensor passes kept out of the generic bandwidth); chunks of the loss head the achieved
 bandwidth of its logits chain; whole decoder layers of a calibration model the per-pass overhead that the
 operations leave unexplained. Every fitted value is checked against
 what a GPU can physically do; a value that is not credible is reported, not silently kept.
@@ -103,25 +104,28 @@ def fit_curves(samples: ShapeSamples, peak_tflops: float, peak_memory_gbps: floa
 
     memory_gbps, memory_kernel_us = peak_memory_gbps * 0.7, kernel_us
     by_kind: dict[str, float] = {}
-    e_kind = np.array([MEASURED_KIND.get(op.name, "") for op, _ in samples.elementwise])
-    generic = ~np.isin(e_kind, list(MULTI_TENSOR_KINDS))
-    if generic.any():
+    if samples.elementwise:
         e_b = np.array([op.nbytes for op, _ in samples.elementwise])
         e_k = np.array([op.kernels for op, _ in samples.elementwise], dtype=float)
         e_t = np.array([t for _, t in samples.elementwise])
+        e_kind = np.array([MEASURED_KIND.get(op.name, "") for op, _ in samples.elementwise])
+        generic = ~np.isin(e_kind, list(MULTI_TENSOR_KINDS))
 
         def mem_pred(x):
             return e_b / (x[0] * 1e9) + e_k * x[1] * 1e-6
 
-        x = _solve(lambda x: np.log(mem_pred(x)[generic] / e_t[generic]),
-                   [float(np.median(e_b[generic] / e_t[generic])) / 1e9, kernel_us], [1e-3, 0.0],
-                   [peak_memory_gbps, 1e3])
+        x = np.array([memory_gbps, memory_kernel_us])
+        if generic.any():
+            x = _solve(lambda x: np.log(mem_pred(x)[generic] / e_t[generic]),
+                       [float(np.median(e_b[generic] / e_t[generic])) / 1e9, kernel_us], [1e-3, 0.0],
+                       [peak_memory_gbps, 1e3])
         memory_gbps, memory_kernel_us = float(x[0]), float(x[1])
         # Then each measured module on its own: its bytes are nominal, its achieved bandwidth is its own.
         pred = mem_pred(x)
         for kind in sorted(set(e_kind) - {""}):
             sel = e_kind == kind
             if sel.sum() < 2:
+                warnings.append(f"memory_gbps_by_kind.{kind}: one sample, priced at the generic bandwidth")
                 continue
 
             def kind_pred(y, sel=sel):

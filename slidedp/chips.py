@@ -72,9 +72,13 @@ def derived_presets(preset_dir: Path) -> dict[Path, object]:
     profiles = {p: HardwareProfile.from_dict(read_mapping(p, "hardware profile"), where=p.stem)
                 for p in sorted(preset_dir.glob("*.yaml"))}
     by_stem = {p.stem: hw for p, hw in profiles.items()}
+    for chip, stem in MEASURED_PRESETS.items():
+        hw = by_stem.get(stem)
+        if hw is None or hw.gpu.name != chip or hw.gpu.compute is None:
+            raise ValueError(f"measured preset {stem!r}: missing, not a {chip} or without gpu.compute")
+    if MEASURED_ON not in MEASURED_PRESETS:
+        raise ValueError(f"{MEASURED_ON}, whose curves carry to other chips, has no measured preset")
     measured = {chip: by_stem[stem].gpu.compute for chip, stem in MEASURED_PRESETS.items()}
-    if any(curves is None for curves in measured.values()):
-        raise ValueError(f"a measured preset ({', '.join(MEASURED_PRESETS.values())}) has no gpu.compute")
     out = {}
     for path, hw in profiles.items():
         chip = CHIPS.get(hw.gpu.name)

@@ -110,13 +110,13 @@ MULTI_TENSOR_KINDS = frozenset({"optimizer"})
 # Timed by calibration.shape_bench.optimizer_samples (kind "optimizer"); on an H100 the step ran at 2.1-2.3 TB/s
 # where the elementwise modules' generic fit says 2.7 (benchmarks/RESULTS.md, twenty-second session).
 GPU_CLIP_HBM_BYTES, GPU_FUSED_ADAMW_HBM_BYTES = 12, 28
+GPU_OPTIMIZER_HBM_BYTES = GPU_CLIP_HBM_BYTES + GPU_FUSED_ADAMW_HBM_BYTES
 GPU_OPTIMIZER_KERNELS = 3
 
 
 def gpu_optimizer_op(params: float) -> Elementwise:
     """The clip and fused AdamW over ``params`` fp32 parameters, as one memory-bound op of kind ``optimizer``."""
-    return Elementwise("gpu_optimizer", float((GPU_CLIP_HBM_BYTES + GPU_FUSED_ADAMW_HBM_BYTES) * params),
-                       GPU_OPTIMIZER_KERNELS)
+    return Elementwise("gpu_optimizer", float(GPU_OPTIMIZER_HBM_BYTES * params), GPU_OPTIMIZER_KERNELS)
 
 
 # Backward per parameter: zero the fp32 gradient (4 B), add each micro-batch's bf16 gradient into it

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from slidedp.compute import BF16, GPU_CLIP_HBM_BYTES, GPU_FUSED_ADAMW_HBM_BYTES, Elementwise, gpu_optimizer_op
+from slidedp.compute import BF16, GPU_OPTIMIZER_HBM_BYTES, Elementwise, gpu_optimizer_op
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GPUSpec, HardwareProfile
 from slidedp.model_spec import ModelSpec
@@ -31,7 +31,7 @@ PEER_WINDOW = 2
 GRAD_SYNC_OP = "grad_sync"
 # HBM bytes per parameter of the GPU AdamW that GPUSpec.adam_gparams_per_s times (its comment: about HBM bandwidth
 # / 40 B per parameter): the HBM bandwidth of a profile without shape-aware compute curves.
-GPU_ADAM_HBM_BYTES = GPU_CLIP_HBM_BYTES + GPU_FUSED_ADAMW_HBM_BYTES
+GPU_ADAM_HBM_BYTES = GPU_OPTIMIZER_HBM_BYTES
 
 
 def unit_tensors(model: ModelSpec, kind: str) -> int:

@@ -198,7 +198,8 @@ def test_shape_benchmarks_run_on_the_cpu():
 
     optimizer = [op for op, _ in again.elementwise if c.MEASURED_KIND.get(op.name) == "optimizer"]
     assert len(optimizer) == len(CPU_OPTIMIZER) and all(op.kernels == c.GPU_OPTIMIZER_KERNELS for op in optimizer)
-    assert optimizer[0].nbytes == 40 * 2 * (4 * 32 * 32 + 3 * 64 * 32 + 2 * 32)  # 2 layers, hidden 32, ffn 64
+    layer_params = 4 * 32 * 32 + 3 * 64 * 32 + 2 * 32  # hidden 32, ffn 64
+    assert optimizer[0].nbytes == c.GPU_OPTIMIZER_HBM_BYTES * 2 * layer_params
 
 
 def test_the_optimizer_bandwidth_is_its_own_and_leaves_the_generic_one_alone():
@@ -216,11 +217,18 @@ def test_the_optimizer_bandwidth_is_its_own_and_leaves_the_generic_one_alone():
     assert "optimizer" not in before.memory_gbps_by_kind
     assert fit.memory_gbps == pytest.approx(before.memory_gbps, rel=1e-6)
     assert fit.memory_kernel_us == pytest.approx(before.memory_kernel_us, rel=1e-6)
+    alone = _synthetic(truth, 0.0)
+    alone.elementwise = with_optimizer.elementwise[len(plain.elementwise):]  # no one-tensor module timed
+    assert fit_curves(alone, 989.0, 4800.0).curves.memory_gbps_by_kind["optimizer"] == pytest.approx(2200.0, rel=0.05)
+    alone.elementwise = alone.elementwise[:1]
+    one = fit_curves(alone, 989.0, 4800.0)
+    assert "optimizer" not in one.curves.memory_gbps_by_kind
+    assert any(w.startswith("memory_gbps_by_kind.optimizer: one sample") for w in one.warnings)
     m, hw = load_model_spec("qwen3-0.6b"), load_hardware("h200-x1")
     resident = SYSTEMS["ddp-resident"]
     step = PeerStep(resident, system_workload(resident, m, replace(hw, gpu=replace(hw.gpu, compute=fit)), 1024, 1))
-    assert step.gpu_adam_s() == pytest.approx(40 * step.params_per_rank / 2200e9 + 3 * fit.memory_kernel_us * 1e-6,
-                                              rel=0.01)
+    expected = c.GPU_OPTIMIZER_HBM_BYTES * step.params_per_rank / 2200e9 + 3 * fit.memory_kernel_us * 1e-6
+    assert step.gpu_adam_s() == pytest.approx(expected, rel=0.01)
 
 
 def test_a_layer_pass_is_not_faster_than_its_dispatch():

@@ -10,26 +10,24 @@
 source benchmarks/results/h200-2026-12-04/setup.sh
 export OUT
 mkdir -p $OUT/c65
-BASE=h100-sxm-x1; PEAK="989.4 3350.0"
-nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && { BASE=h200-x1; PEAK="989.4 4800.0"; }
+BASE=h100-sxm-x1; nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && BASE=h200-x1
 { nvidia-smi --query-gpu=name --format=csv,noheader; lscpu | grep -E "^Model:"; echo "base $BASE"; } > $OUT/c65_env.txt
-timeout 240 python3 - $BASE $PEAK > $OUT/c65_fit.log 2>&1 <<'PY'
+timeout 240 python3 - $BASE > $OUT/c65_fit.log 2>&1 <<'PY'
 import json, os, sys, time
 from dataclasses import replace
-from slidedp.calibration.profile_fit import LAYER_PASS_FIELDS
+from slidedp.calibration.profile_fit import compute_curves_profile
 from slidedp.calibration.shape_bench import shape_samples
-from slidedp.calibration.shape_fit import fit_curves, samples_to_json
+from slidedp.calibration.shape_fit import samples_to_json
 from slidedp.hardware import load_hardware
 out = os.environ["OUT"] + "/c65"
 t = time.time()
 samples = shape_samples()
 json.dump(samples_to_json(samples), open(out + "/shapes.json", "w"))
 print("shape samples in", round(time.time() - t, 1), "s")
-base = load_hardware(sys.argv[1])
-fit = fit_curves(samples, float(sys.argv[2]), float(sys.argv[3]))
-curves = replace(fit.curves, **{n: getattr(base.gpu.compute, n) for n in LAYER_PASS_FIELDS})
-replace(base, name=sys.argv[1] + "-queued", gpu=replace(base.gpu, compute=curves)).save(out + "/queued.yaml")
-print(fit.warnings, curves.memory_gbps_by_kind)
+base, warnings = load_hardware(sys.argv[1]), []
+gpu, report = compute_curves_profile(base.gpu, samples, warnings)  # the calibrate path: untimed terms kept
+replace(base, name=sys.argv[1] + "-queued", gpu=gpu).save(out + "/queued.yaml")
+print(warnings, report, gpu.compute.memory_gbps_by_kind)
 PY
 C=benchmarks/results/next-h200/configs
 timeout $(left 420) python3 -m benchmarks.peer_validation --out $OUT/c65/qwen3-4b --calibrate none \
