@@ -118,11 +118,12 @@ def test_gpu_resident_step_is_its_compute_plus_the_gpu_update():
 
 
 def test_gpu_resident_optimizer_step_is_its_clip_and_fused_adamw_through_hbm():
-    """With compute curves the clip (12 B) and fused AdamW (28 B) are memory passes at the generic memory-bound
-    bandwidth: for Qwen3-4B on the H100 preset (the H100's measured curves) 59.3 ms, 12% under the 22.7 + 45.0 ms
-    measured on an H100 (benchmarks/RESULTS.md, call49 --phases; the multi-tensor passes run below the bandwidth
-    the elementwise micro-benchmarks fit); sharded over N GPUs by FSDP2, replicated by DDP. Without curves the step
-    is params / adam_gparams_per_s, as before."""
+    """With compute curves the clip (12 B) and fused AdamW (28 B) are memory passes, at the generic memory-bound
+    bandwidth while the profile has no timed "optimizer" kind (no preset has one yet): for Qwen3-4B on the H100
+    preset (the H100's measured curves) 59.3 ms, 12% under the 22.7 + 45.0 ms measured on an H100
+    (benchmarks/RESULTS.md, call49 --phases; the multi-tensor passes run below the bandwidth the elementwise
+    micro-benchmarks fit); sharded over N GPUs by FSDP2, replicated by DDP. Without curves the step is params /
+    adam_gparams_per_s, as before."""
     from slidedp.hardware import load_hardware
     from slidedp.model_spec import load_model_spec
 
