@@ -226,8 +226,7 @@ def optimizer_samples(timer: Timer, shapes) -> list[tuple[c.Elementwise, float]]
                   for shape in shapes_one]
         for p in params:
             p.grad = torch.randn_like(p) * 1e-3
-        fused = timer.device.type == "cuda"
-        opt = torch.optim.AdamW(params, lr=1e-5, fused=fused, foreach=None if fused else True)
+        opt = torch.optim.AdamW(params, lr=1e-5, fused=timer.cuda, foreach=None if timer.cuda else True)
 
         def step(params=params, opt=opt):
             torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
