@@ -48,13 +48,16 @@ class _ByteCount(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.total = 0
+        self.calls = 0  # those that move bytes: one kernel each, as eager CUDA runs them
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__
         if name not in COMPUTE_OPS and name not in NO_TRAFFIC:
-            self.total += _tensor_bytes(list(args) + list(kwargs.values())) + _tensor_bytes(out)
+            moved = _tensor_bytes(list(args) + list(kwargs.values())) + _tensor_bytes(out)
+            self.total += moved
+            self.calls += moved > 0
         return out
 
 
@@ -64,8 +67,8 @@ def model_spec(model_type: str) -> ModelSpec:
                      attn_bias=model_type == "qwen2")
 
 
-def run_layer(model_type: str, precision: str, tokens: int) -> tuple[int, int]:
-    """Counted forward and backward bytes of one decoder layer over ``tokens`` tokens."""
+def run_layer(model_type: str, precision: str, tokens: int) -> tuple[_ByteCount, _ByteCount]:
+    """Counted forward and backward bytes and calls of one decoder layer over ``tokens`` tokens."""
     from transformers import AutoConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
     from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
@@ -87,24 +90,28 @@ def run_layer(model_type: str, precision: str, tokens: int) -> tuple[int, int]:
         with forward:
             y = layer(x, attention_mask=None, position_ids=positions, position_embeddings=cos_sin)
     y = y[0] if isinstance(y, tuple) else y
+    grad = torch.randn_like(y)
     with backward:
-        y.backward(torch.randn_like(y))
-    return forward.total, backward.total
+        y.backward(grad)
+    return forward, backward
 
 
 @dataclass(frozen=True)
 class LayerBytes:
-    """Bytes per token and hidden element: counted from aten calls, and as the compute model prices them."""
+    """Bytes per token and hidden element, and memory-bound kernels per layer (weight casts included): counted from
+    aten calls, and as the compute model prices them."""
     model_type: str
     precision: str
     counted_fwd: float
     counted_bwd: float
     model_fwd: float
     model_bwd: float
+    counted_kernels: tuple[int, int] = (0, 0)
+    model_kernels: tuple[int, int] = (0, 0)
 
 
 def per_token(model_type: str, precision: str, tokens: tuple[int, int] = (512, 1024)) -> LayerBytes:
-    """The slope between two lengths (the per-parameter casts cancel), per hidden element."""
+    """The slope between two lengths (the per-parameter casts cancel), per hidden element; kernels at the longer."""
     (f0, b0), (f1, b1) = (run_layer(model_type, precision, t) for t in tokens)
     scale = (tokens[1] - tokens[0]) * HIDDEN
     m, t = model_spec(model_type), tokens[1] - tokens[0]
@@ -112,20 +119,26 @@ def per_token(model_type: str, precision: str, tokens: tuple[int, int] = (512, 1
     def elementwise(ops) -> float:  # per-token ops only: the weight casts are per parameter
         return sum(op.nbytes for op in ops if isinstance(op, c.Elementwise) and op.name != "amp_weight_cast")
 
+    def kernels(ops) -> int:
+        return sum(op.kernels for op in ops if isinstance(op, c.Elementwise))
+
     fwd = m.layer_forward_ops(1, t, precision=precision)
-    return LayerBytes(model_type, precision, (f1 - f0) / scale, (b1 - b0) / scale,
-                      elementwise(fwd) / scale, elementwise(c.backward_ops(fwd)) / scale)
+    bwd = c.backward_ops(fwd)
+    grads = c.amp_gradient_ops(m.layer_linear_params, m.layer_linear_tensors) if precision == c.AMP_FP32 else []
+    return LayerBytes(model_type, precision, (f1.total - f0.total) / scale, (b1.total - b0.total) / scale,
+                      elementwise(fwd) / scale, elementwise(bwd) / scale, (f1.calls, b1.calls),
+                      (kernels(fwd), kernels(bwd) + kernels(grads)))
 
 
 def module_bytes(dtype: torch.dtype = torch.bfloat16, tokens: int = 1024) -> dict[str, tuple[float, float]]:
     """Forward and backward bytes of each eager module alone (per element of its input; rotary per q/k element),
-    with inputs that are not leaves, so that no .grad is written: backward up to its inputs only. The layer's
-    count less these is the traffic between modules (gradients summed where a tensor feeds several consumers,
-    the norms' weight gradients, casts)."""
+    with inputs that are not leaves, so that no .grad is written: backward up to its inputs (and RMSNorm's weight)
+    only, as slidedp.compute's EagerModule constants count them. The layer's count less these is the traffic
+    between modules (gradients summed where a tensor feeds several consumers: GRADIENT_SUM)."""
     import torch.nn.functional as F
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
 
-    def count(fn, *shapes, per_all_inputs: bool = False) -> tuple[float, float]:
+    def count(fn, *shapes, per_all_inputs: bool = False, params=()) -> tuple[float, float]:
         xs = [torch.randn(*shape, dtype=dtype, requires_grad=True) * 1 for shape in shapes]
         forward, backward = _ByteCount(), _ByteCount()
         with forward:
@@ -133,15 +146,15 @@ def module_bytes(dtype: torch.dtype = torch.bfloat16, tokens: int = 1024) -> dic
         y = torch.cat([t.reshape(-1) for t in y]) if isinstance(y, tuple) else y
         grad = torch.randn_like(y)
         with backward:
-            torch.autograd.grad(y, xs, grad)
+            torch.autograd.grad(y, [*xs, *params], grad)
         elements = sum(torch.Size(shape).numel() for shape in (shapes if per_all_inputs else shapes[:1]))
         return forward.total / elements, backward.total / elements
 
-    norm = Qwen3RMSNorm(HIDDEN).to(dtype).requires_grad_(False)
+    norm = Qwen3RMSNorm(HIDDEN).to(dtype)
     cos, sin = torch.randn(1, tokens, HEAD_DIM, dtype=dtype), torch.randn(1, tokens, HEAD_DIM, dtype=dtype)
 
     hidden = (1, tokens, HIDDEN)
-    return {"rmsnorm": count(norm, hidden), "swiglu": count(lambda g, u: F.silu(g) * u, hidden, hidden),
+    return {"rmsnorm": count(norm, hidden, params=tuple(norm.parameters())), "swiglu": count(lambda g, u: F.silu(g) * u, hidden, hidden),
             "residual": count(lambda a, b: a + b, hidden, hidden),
             "rotary": count(lambda q, k: apply_rotary_pos_emb(q, k, cos, sin), (1, HEADS, tokens, HEAD_DIM),
                             (1, KV_HEADS, tokens, HEAD_DIM), per_all_inputs=True)}
@@ -153,13 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0 < args.tokens[0] < args.tokens[1] <= 16384:
         parser.error("--tokens: two lengths, 0 < SHORT < LONG <= 16384")
-    print("bytes per token and hidden element, memory-bound aten calls (counted) and the compute model's count")
-    print(f"{'layer':<7} {'precision':<9} {'fwd counted':>11} {'model':>7} {'bwd counted':>11} {'model':>7}")
+    print("memory-bound aten calls (counted) and the compute model's count: bytes per token and hidden element,")
+    print("kernels per layer (forward / backward)")
+    print(f"{'layer':<7} {'precision':<9} {'fwd counted':>11} {'model':>6} {'bwd counted':>11} {'model':>6} "
+          f"{'kernels':>7} {'model':>7}")
     for model_type in MODEL_TYPES:
         for precision in c.PRECISIONS:
             r = per_token(model_type, precision, tuple(args.tokens))
-            print(f"{r.model_type:<7} {r.precision:<9} {r.counted_fwd:>11.1f} {r.model_fwd:>7.1f} "
-                  f"{r.counted_bwd:>11.1f} {r.model_bwd:>7.1f}")
+            print(f"{r.model_type:<7} {r.precision:<9} {r.counted_fwd:>11.1f} {r.model_fwd:>6.1f} "
+                  f"{r.counted_bwd:>11.1f} {r.model_bwd:>6.1f} {'%d/%d' % r.counted_kernels:>7} "
+                  f"{'%d/%d' % r.model_kernels:>7}")
     print("\neach module alone, bytes per input element (rotary: per q/k element): forward, backward, ratio")
     for dtype in (torch.bfloat16, torch.float32):
         for name, (fwd, bwd) in module_bytes(dtype, args.tokens[1]).items():

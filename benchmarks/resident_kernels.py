@@ -232,7 +232,7 @@ def _elementwise_cases(tokens: int) -> tuple[list, dict]:
 def elementwise_backward(repeats: int = 20) -> dict:
     """Queued seconds of the HF memory-bound modules' forward and of forward + backward, at Qwen3-4B's widths
     (hidden 2560, q 4096, kv 1024, FFN 9728) and 4096 and 32768 tokens: the backward over the forward, which
-    slidedp.compute assumes to be ELEMENTWISE_BACKWARD_FACTOR (2) and no micro-benchmark has timed. At 4096 tokens
+    slidedp.compute counts from aten calls (its EagerModule constants) and no micro-benchmark fits. At 4096 tokens
     a module's kernels are short enough (tens of us) that queued calls may be bound by the CPU issuing them
     (autograd.grad costs about 100 us of Python per call): read the 32768-token ratios as the kernels'."""
     import torch

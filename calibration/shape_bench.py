@@ -203,13 +203,10 @@ def elementwise_samples(timer: Timer, dtype: torch.dtype, shapes) -> list[tuple[
         sin = torch.randn_like(cos)
         n = tokens * width
         with torch.no_grad():
-            out.append((c.Elementwise("rmsnorm", n * c.RMSNORM_BYTES, c.RMSNORM_KERNELS),
-                        timer.seconds(lambda x=x, norm=norm: norm(x))))
-            out.append((c.Elementwise("swiglu", n * c.SWIGLU_BYTES, c.SWIGLU_KERNELS),
-                        timer.seconds(lambda x=x, y=y: F.silu(x) * y)))
-            out.append((c.Elementwise("residual", n * c.RESIDUAL_BYTES, c.RESIDUAL_KERNELS),
-                        timer.seconds(lambda x=x, y=y: x + y)))
-            out.append((c.Elementwise("rotary", 2 * n * c.ROTARY_BYTES, 2 * c.ROTARY_KERNELS),
+            out.append((c.RMSNORM.op("rmsnorm", n), timer.seconds(lambda x=x, norm=norm: norm(x))))
+            out.append((c.SWIGLU.op("swiglu", n), timer.seconds(lambda x=x, y=y: F.silu(x) * y)))
+            out.append((c.RESIDUAL.op("residual", n), timer.seconds(lambda x=x, y=y: x + y)))
+            out.append((c.ROTARY.op("rotary", 2 * n, calls=2),
                         timer.seconds(lambda q=q, cos=cos, sin=sin: apply_rotary_pos_emb(q, q, cos, sin))))
         del x, y, q
     return out

@@ -10,8 +10,10 @@ new architecture needs no new calibration.
 
 The byte and kernel counts below follow the eager Hugging Face implementations the runtime calls
 (transformers' RMSNorm upcasts to fp32 and runs several kernels; rotary embedding is rotate-half, two
-multiplies and an add); they are the one place those counts are written, and the micro-benchmarks time
-exactly those modules, so a count that is off by a constant is absorbed by the fitted bandwidth.
+multiplies and an add), forward and backward, as counted from their aten calls (benchmarks.layer_bytes, whose
+tests hold a whole layer's count to these within 3%); they are the one place those counts are written. The
+micro-benchmarks time the modules' forward, so a forward count that is off by a constant is absorbed by the
+fitted bandwidth; the backward is priced at the same bandwidth per module kind.
 """
 
 from __future__ import annotations
@@ -58,49 +60,86 @@ class Attention:
 
 
 # Backward kernels of an elementwise chain read the saved input and the incoming gradient and write the outgoing
-# one: this many times the forward's bytes and kernels.
+# one: this many times the forward's bytes and kernels, for an op whose backward is not counted (EagerModule).
 ELEMENTWISE_BACKWARD_FACTOR = 2
 
 
 @dataclass(frozen=True)
 class Elementwise:
-    """Memory-bound kernels: ``nbytes`` moved through HBM by ``kernels`` launches."""
+    """Memory-bound kernels: ``nbytes`` moved through HBM by ``kernels`` launches in forward; in backward
+    ``backward_nbytes`` by ``backward_kernels`` (None: ELEMENTWISE_BACKWARD_FACTOR times the forward's). An op may
+    move nothing in forward and only in backward (the gradient sums at a layer's fan-outs, a fused bias's gradient)."""
 
     name: str
     nbytes: float
     kernels: int
-    # The backward's bytes and kernels over the forward's (an elementwise chain's is ELEMENTWISE_BACKWARD_FACTOR;
-    # eager attention's softmax chain moves less: EAGER_SCORES_BACKWARD_FACTOR).
-    backward_factor: float = ELEMENTWISE_BACKWARD_FACTOR
+    backward_nbytes: float | None = None
+    backward_kernels: int | None = None
 
     @property
     def flops(self) -> float:
         return 0.0
 
+    def backward(self) -> Elementwise:
+        """The memory-bound work of this op's backward, as an op of the same name (priced at its kind's bandwidth)."""
+        nbytes = ELEMENTWISE_BACKWARD_FACTOR * self.nbytes if self.backward_nbytes is None else self.backward_nbytes
+        kernels = (ELEMENTWISE_BACKWARD_FACTOR * self.kernels if self.backward_kernels is None
+                   else self.backward_kernels)
+        return Elementwise(self.name, float(nbytes), int(kernels), 0.0, 0)
+
 
 ComputeOp = Gemm | Attention | Elementwise
 
-# Bytes per element and kernels of the eager HF memory-bound modules (forward; their backward: see
-# ELEMENTWISE_BACKWARD_FACTOR).
-RMSNORM_BYTES, RMSNORM_KERNELS = 36, 7  # bf16 in, fp32 upcast, pow, mean, rsqrt-mul, downcast, weight mul
-ROTARY_BYTES, ROTARY_KERNELS = 22, 6  # rotate_half (slice + cat), x*cos, rot*sin, add
-SWIGLU_BYTES, SWIGLU_KERNELS = 10, 2  # silu(gate), * up
-RESIDUAL_BYTES, RESIDUAL_KERNELS = 6, 1  # x + y in bf16
-BIAS_BYTES, BIAS_KERNELS = 6, 1  # a projection's bias added to its bf16 output
+
+@dataclass(frozen=True)
+class EagerModule:
+    """What one eager HF module moves per element and how many kernels it launches, forward and backward, counted
+    from its aten calls (benchmarks.layer_bytes: each call's inputs and outputs; a test holds the counts)."""
+
+    fwd_bytes: float
+    fwd_kernels: int
+    bwd_bytes: float
+    bwd_kernels: int
+
+    def op(self, name: str, elements: float, calls: int = 1) -> Elementwise:
+        """``calls`` runs of the module over ``elements`` elements in all."""
+        return Elementwise(name, float(elements * self.fwd_bytes), calls * self.fwd_kernels,
+                           float(elements * self.bwd_bytes), calls * self.bwd_kernels)
+
+
+# The eager HF memory-bound modules in bf16, per element (of the normed hidden state; of q and k for rotary; of one
+# of SwiGLU's two inputs; of the projection's output for a bias), as counted on transformers 5.x:
+# RMSNorm: bf16 in, fp32 upcast, pow, mean, rsqrt-mul, downcast, weight mul; its backward 88 B in 14 kernels to its
+# input and 8 B in 2 for its weight's gradient (the product with the normed input, summed over tokens).
+RMSNORM = EagerModule(36, 7, 96, 16)
+# Rotary: rotate_half (slice + cat), x*cos, rot*sin, add (counted 21.3 B in 5 calls); its backward 29.3 B in 7
+# (slice_backward of both halves, the sum of the gradient's two paths).
+ROTARY = EagerModule(22, 6, 29, 7)
+SWIGLU = EagerModule(10, 2, 18, 3)  # silu(gate) * up; backward: silu_backward and two products
+# x + y in bf16; its backward passes the gradient through unchanged (0 B): the sum where the layer's input also
+# feeds the norm is GRADIENT_SUM's.
+RESIDUAL = EagerModule(6, 1, 0, 0)
+# A projection's bias (Qwen2's q/k/v): added in the GEMM's epilogue (addmm; cuBLASLt on a GPU), so nothing of its own
+# in forward; its gradient is the output gradient summed over tokens (read 2 B per element, 1 kernel).
+BIAS = EagerModule(0, 0, 2, 1)
+# Autograd sums a tensor's gradients where it feeds several consumers (read two, write one: 6 B per bf16 element):
+# a decoder layer's input (the norm and the residual), the normed input (q, k and v: two sums), the attention block's
+# output (the second norm and residual) and the MLP's normed input (gate and up): five sums of the hidden state.
+GRADIENT_SUM = EagerModule(0, 0, 6, 1)
+GRADIENT_SUMS_PER_LAYER = 5
 LOGITS_BYTES, LOGITS_KERNELS = 30, 6  # fp32 upcast of the logits, log-softmax, gather, and their backward
 EMBED_BYTES, EMBED_KERNELS = 4, 1  # gather one bf16 row per token (read + write)
 # Eager attention (HF's ``eager_attention_forward``, which SlideFormer hard-codes) materialises every score of
 # batch x heads x seq x seq: the scores' scale (read 2, write 2), the causal mask's add (2 + 2), softmax in fp32
 # (2 + 4) and its cast back to bf16 (4 + 2) = 20 B per score in 4 kernels; its backward (the cast's, softmax's
-# and the scale's; the mask add passes the gradient through) moves about 24 B per score. The matmul output and
-# its input are the GEMMs' own traffic.
-EAGER_SCORES_BYTES, EAGER_SCORES_KERNELS = 20, 4
-EAGER_SCORES_BACKWARD_FACTOR = 24 / 20
+# and the scale's; the mask add passes the gradient through) moves about 24 B per score in 5 kernels. The matmul
+# output and its input are the GEMMs' own traffic.
+EAGER_SCORES = EagerModule(20, 4, 24, 5)
 # Memory-bound ops priced at the achieved bandwidth of the module the micro-benchmarks time for them
 # (ComputeCurves.memory_gbps_by_kind); ops no benchmark covers use the generic memory_gbps.
 MEASURED_KIND: dict[str, str] = {"rmsnorm": "rmsnorm", "qk_norm": "rmsnorm", "rotary": "rotary",
                                  "swiglu": "swiglu", "residual": "residual", "qkv_bias": "residual",
-                                 "logits": "logits", "gpu_optimizer": "optimizer"}
+                                 "logits": "logits", "gpu_optimizer": "optimizer", "grad_sum": "residual"}
 # Kinds the generic memory_gbps leaves out of its fit: multi-tensor passes over a whole parameter list, unlike the
 # one-tensor elementwise modules the generic bandwidth stands for (the gradient passes, casts, bias adds).
 MULTI_TENSOR_KINDS = frozenset({"optimizer"})
@@ -247,21 +286,25 @@ ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 # FSDP2's MixedPrecisionPolicy), or ``amp-fp32``: fp32 weights under torch.autocast (plain GPU-resident training).
 # Under autocast the embedding's fp32 output keeps the residual stream fp32 (a norm's fp32 weight times its fp32 input
 # stays fp32), so every projection casts its input (q, k, v, gate, up: 5 casts, 6 B per element each), the residual
-# adds read and write fp32 (+4 B each, 2 a layer) and the two RMSNorms skip their casts (-8 B each): +22 B per element
-# of the hidden state. With q/k norms, their fp32 weights make q and k fp32 (+2 B), rotary runs in fp32 (+22 B) and
-# SDPA casts q and k back (+6 B): +30 B per element of q and k. Without them q and k stay bf16 and only rotary's
-# products and add turn fp32 (cos and sin follow the stream's dtype: about +10 B) before SDPA's cast (+6 B): +16 B
-# (counted, not measured: call56 timed a Qwen3 layer). The linear weights are cast to bf16 in forward and again in the
-# recomputed forward (6 B per parameter each), and each weight gradient is cast back to fp32 in backward (6 B), which
-# replaces SlideDP's per-unit gradient pass (gradient_ops) for these layers: a step with zero_grad(set_to_none) has no
-# buffer to zero or accumulate into. The head's cast (one forward, under 1 ms for Qwen3-4B on an H100) is not priced.
-# Measured (benchmarks/RESULTS.md, call56): on an H100 the memory-bound kernels of a GPU-resident Qwen3-4B step grew
-# by 0.221 s per sequence of 4096 tokens where the bf16 operations' count says 0.164; the stream's count adds 34% to
-# that count's bytes per sequence.
+# adds read and write fp32 and the two RMSNorms skip their casts. With q/k norms, their fp32 weights make q and k fp32,
+# rotary runs in fp32 and SDPA casts q and k back; without them only rotary's products and add turn fp32 (cos and sin
+# follow the stream's dtype) before SDPA's cast. Counted from an HF layer's aten calls (benchmarks.layer_bytes, the
+# difference between the two numerics at three q/k widths, an exact linear fit): forward +24 B per element of the
+# hidden state and +28 / +16 B per element of q and k with / without q/k norms; backward +74 B per hidden element
+# (the five gradient sums in fp32, the five input casts' gradients cast back, the norms' fp32 products) and +50 / +26
+# per q/k element; 3 more kernels a layer forward and about 8 backward (7 with q/k norms, 9 without). The linear
+# weights are cast to bf16 in forward and again in the recomputed forward (6 B per parameter each), and each weight
+# gradient is cast back to fp32 in backward (6 B), which replaces SlideDP's per-unit gradient pass (gradient_ops) for
+# these layers: a step with zero_grad(set_to_none) has no buffer to zero or accumulate into. The head's cast (one
+# forward, under 1 ms for Qwen3-4B on an H100) is not priced. Measured (benchmarks/RESULTS.md, call56): on an H100 the
+# memory-bound kernels of a GPU-resident Qwen3-4B step grew by 0.221 s per sequence of 4096 tokens where the bf16
+# operations' count then said 0.164.
 BF16, AMP_FP32 = "bf16", "amp-fp32"
 PRECISIONS = (BF16, AMP_FP32)
-AMP_STREAM_BYTES, AMP_STREAM_KERNELS = 22, 3  # per element of the hidden state; kernels a layer adds
-AMP_QK_BYTES, AMP_QK_BYTES_WITHOUT_NORM = 30, 16  # per element of q and k, with and without q/k norms
+AMP_STREAM_BYTES, AMP_STREAM_KERNELS = 24, 3  # per element of the hidden state; kernels a layer adds
+AMP_QK_BYTES, AMP_QK_BYTES_WITHOUT_NORM = 28, 16  # per element of q and k, with and without q/k norms
+AMP_STREAM_BACKWARD_BYTES, AMP_STREAM_BACKWARD_KERNELS = 74, 8
+AMP_QK_BACKWARD_BYTES, AMP_QK_BACKWARD_BYTES_WITHOUT_NORM = 50, 26
 AMP_WEIGHT_CAST_BYTES = 6  # fp32 -> bf16 weight (read 4, write 2), and bf16 -> fp32 gradient
 
 
@@ -278,9 +321,11 @@ def amp_fp32_ops(tokens: int, hidden: int, qk: int, qk_norm: bool, linear_params
     the fp32 stream's casts and wider elementwise traffic, and the linear weights' casts (none in backward: the
     gradients' casts are amp_gradient_ops)."""
     qk_bytes = AMP_QK_BYTES if qk_norm else AMP_QK_BYTES_WITHOUT_NORM
-    return [Elementwise("amp_stream", float(tokens * (AMP_STREAM_BYTES * hidden + qk_bytes * qk)), AMP_STREAM_KERNELS),
-            Elementwise("amp_weight_cast", float(linear_params * AMP_WEIGHT_CAST_BYTES), linear_tensors,
-                        backward_factor=0)]
+    qk_back = AMP_QK_BACKWARD_BYTES if qk_norm else AMP_QK_BACKWARD_BYTES_WITHOUT_NORM
+    return [Elementwise("amp_stream", float(tokens * (AMP_STREAM_BYTES * hidden + qk_bytes * qk)), AMP_STREAM_KERNELS,
+                        float(tokens * (AMP_STREAM_BACKWARD_BYTES * hidden + qk_back * qk)),
+                        AMP_STREAM_BACKWARD_KERNELS),
+            Elementwise("amp_weight_cast", float(linear_params * AMP_WEIGHT_CAST_BYTES), linear_tensors, 0.0, 0)]
 
 
 def amp_gradient_ops(linear_params: int, linear_tensors: int) -> list[ComputeOp]:
@@ -298,13 +343,12 @@ def check_attention(name: str) -> str:
 
 def eager_attention_ops(batch: int, seq: int, heads: int, kv_heads: int, head_dim: int) -> list[ComputeOp]:
     """Forward of eager (non-fused) causal attention: the grouped K and V expanded to every head, the full
-    QK^T product (eager computes the masked half too), the score chain (EAGER_SCORES_BYTES) and PV."""
+    QK^T product (eager computes the masked half too), the score chain (EAGER_SCORES) and PV."""
     pairs = batch * heads
     expand = 2 * batch * seq * heads * head_dim * 2 * 2 if kv_heads != heads else 0  # K and V: read + write bf16
     scores = batch * heads * seq * seq
     ops: list[ComputeOp] = [Gemm(seq, seq, head_dim, count=pairs),
-                            Elementwise("eager_scores", scores * EAGER_SCORES_BYTES, EAGER_SCORES_KERNELS,
-                                        backward_factor=EAGER_SCORES_BACKWARD_FACTOR),
+                            EAGER_SCORES.op("eager_scores", scores),
                             Gemm(seq, head_dim, seq, count=pairs)]
     if expand:
         ops.insert(0, Elementwise("repeat_kv", expand, 2))
@@ -313,8 +357,8 @@ def eager_attention_ops(batch: int, seq: int, heads: int, kv_heads: int, head_di
 
 def backward_ops(forward: list[ComputeOp]) -> list[ComputeOp]:
     """The backward of a forward op list: a GEMM's input gradient (M x K from M x N by N x K) and weight
-    gradient (N x K from N x M by M x K), attention's backward kernel, elementwise chains at their
-    ``backward_factor`` times their bytes and kernels (ELEMENTWISE_BACKWARD_FACTOR unless the op says)."""
+    gradient (N x K from N x M by M x K), attention's backward kernel, memory-bound ops as
+    :meth:`Elementwise.backward` says (those whose backward moves nothing, a residual add's, left out)."""
     out: list[ComputeOp] = []
     for op in forward:
         if isinstance(op, Gemm):
@@ -323,8 +367,9 @@ def backward_ops(forward: list[ComputeOp]) -> list[ComputeOp]:
         elif isinstance(op, Attention):
             out.append(Attention(op.batch, op.seq, op.heads, op.kv_heads, op.head_dim, backward=True))
         else:
-            out.append(Elementwise(op.name, op.backward_factor * op.nbytes,
-                                   round(op.backward_factor * op.kernels)))
+            back = op.backward()
+            if back.nbytes or back.kernels:
+                out.append(back)
     return out
 
 
@@ -339,7 +384,7 @@ def loss_head_ops(hidden: int, vocab: int, tokens: int, chunk_tokens: int) -> tu
     if rest:
         gemms.append(Gemm(rest, vocab, hidden))
     chunks = full + (1 if rest else 0)
-    norm = Elementwise("rmsnorm", tokens * hidden * RMSNORM_BYTES, chunks * RMSNORM_KERNELS)
+    norm = RMSNORM.op("rmsnorm", tokens * hidden, chunks)
     logits = Elementwise("logits", tokens * vocab * LOGITS_BYTES, chunks * LOGITS_KERNELS)
     forward: list[ComputeOp] = [norm, *gemms, logits]
     accumulate = Elementwise("head_grad_accumulate", chunks * vocab * hidden * 18.0, 2 * chunks)

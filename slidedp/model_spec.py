@@ -220,15 +220,16 @@ class ModelSpec:
             c.Gemm(t, q, h), c.Gemm(t, kv, h, count=2),
         ]
         if self.attn_bias:
-            ops.append(c.Elementwise("qkv_bias", t * (q + 2 * kv) * c.BIAS_BYTES, 3 * c.BIAS_KERNELS))
+            ops.append(c.BIAS.op("qkv_bias", t * (q + 2 * kv), calls=3))
         if self.qk_norm:
-            ops.append(c.Elementwise("qk_norm", t * (q + kv) * c.RMSNORM_BYTES, 2 * c.RMSNORM_KERNELS))
+            ops.append(c.RMSNORM.op("qk_norm", t * (q + kv), calls=2))
         ops += [
-            c.Elementwise("rotary", t * (q + kv) * c.ROTARY_BYTES, 2 * c.ROTARY_KERNELS),
+            c.ROTARY.op("rotary", t * (q + kv), calls=2),
             *core,
             c.Gemm(t, h, q),
-            c.Elementwise("residual", t * h * c.RESIDUAL_BYTES, c.RESIDUAL_KERNELS),
+            c.RESIDUAL.op("residual", t * h),
             *self._mlp_block_ops([(t, 1)]),
+            c.GRADIENT_SUM.op("grad_sum", t * h * c.GRADIENT_SUMS_PER_LAYER, calls=c.GRADIENT_SUMS_PER_LAYER),
         ]
         if c.check_precision(precision) == c.AMP_FP32:
             ops += c.amp_fp32_ops(t, h, q + kv, self.qk_norm, self.layer_linear_params, self.layer_linear_tensors)
@@ -244,7 +245,7 @@ class ModelSpec:
         return c.gradient_ops(self.layer_params, self.layer_tensors, accumulations)
 
     def _rmsnorm_op(self, tokens: int, passes: int) -> c.Elementwise:
-        return c.Elementwise("rmsnorm", tokens * self.hidden * c.RMSNORM_BYTES, passes * c.RMSNORM_KERNELS)
+        return c.RMSNORM.op("rmsnorm", tokens * self.hidden, passes)
 
     def _mlp_block_ops(self, pieces: list[tuple[int, int]]) -> list[c.ComputeOp]:
         """RMSNorm, gate/up projections, SwiGLU, down projection and residual run once per piece, where
@@ -255,8 +256,7 @@ class ModelSpec:
         gate_up = [c.Gemm(n, f, h, count=2 * k) for n, k in pieces]
         down = [c.Gemm(n, h, f, count=k) for n, k in pieces]
         return [self._rmsnorm_op(t, kernels), *gate_up,
-                c.Elementwise("swiglu", t * f * c.SWIGLU_BYTES, kernels * c.SWIGLU_KERNELS), *down,
-                c.Elementwise("residual", t * h * c.RESIDUAL_BYTES, kernels * c.RESIDUAL_KERNELS)]
+                c.SWIGLU.op("swiglu", t * f, kernels), *down, c.RESIDUAL.op("residual", t * h, kernels)]
 
     def tile_recompute_ops(self, batch: int, seq: int, tile: int) -> list[c.ComputeOp]:
         """What a sequence-tiled layer (Policy.seq_tile_tokens = ``tile`` > 0) reruns in its backward beyond
