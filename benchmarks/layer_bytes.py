@@ -154,10 +154,15 @@ def module_bytes(dtype: torch.dtype = torch.bfloat16, tokens: int = 1024) -> dic
     cos, sin = torch.randn(1, tokens, HEAD_DIM, dtype=dtype), torch.randn(1, tokens, HEAD_DIM, dtype=dtype)
 
     hidden = (1, tokens, HIDDEN)
-    return {"rmsnorm": count(norm, hidden, params=tuple(norm.parameters())), "swiglu": count(lambda g, u: F.silu(g) * u, hidden, hidden),
+    return {"rmsnorm": count(norm, hidden, params=tuple(norm.parameters())),
+            "swiglu": count(lambda g, u: F.silu(g) * u, hidden, hidden),
             "residual": count(lambda a, b: a + b, hidden, hidden),
             "rotary": count(lambda q, k: apply_rotary_pos_emb(q, k, cos, sin), (1, HEADS, tokens, HEAD_DIM),
                             (1, KV_HEADS, tokens, HEAD_DIM), per_all_inputs=True)}
+
+
+def _pair(kernels: tuple[int, int]) -> str:
+    return f"{kernels[0]}/{kernels[1]}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         for precision in c.PRECISIONS:
             r = per_token(model_type, precision, tuple(args.tokens))
             print(f"{r.model_type:<7} {r.precision:<9} {r.counted_fwd:>11.1f} {r.model_fwd:>6.1f} "
-                  f"{r.counted_bwd:>11.1f} {r.model_bwd:>6.1f} {'%d/%d' % r.counted_kernels:>7} "
-                  f"{'%d/%d' % r.model_kernels:>7}")
+                  f"{r.counted_bwd:>11.1f} {r.model_bwd:>6.1f} {_pair(r.counted_kernels):>7} "
+                  f"{_pair(r.model_kernels):>7}")
     print("\neach module alone, bytes per input element (rotary: per q/k element): forward, backward, ratio")
     for dtype in (torch.bfloat16, torch.float32):
         for name, (fwd, bwd) in module_bytes(dtype, args.tokens[1]).items():

@@ -152,6 +152,10 @@ def main() -> int:
     return 0
 
 
+def _gib(value) -> str:
+    return f"{value:.1f}" if isinstance(value, (int, float)) else "-"
+
+
 def first_oom(per_batch: dict[int, bool]) -> str:
     """The first batch that ran out of GPU memory (``per_batch``: batch -> out of memory), or "none up to B"."""
     ooms = [b for b, oom in sorted(per_batch.items()) if oom]
@@ -163,8 +167,8 @@ def comparison(predictions: dict, contention_measured: dict, results: Path) -> s
     memory per system; the contention experiments."""
     rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     peers = {system: {int(b): p for b, p in per.items()} for system, per in predictions["peers"].items()}
-    lines = ["| system | batch | predicted s (limiter) | measured s | error | GPU peak GiB pred / meas "
-             "| host GiB pred / RSS |", "|---|---|---|---|---|---|---|"]
+    lines = ["| system | batch | predicted s (limiter) | measured s | error | GPU allocated GiB pred / meas "
+             "| GPU reserved GiB pred / meas | host GiB pred / RSS |", "|---|---|---|---|---|---|---|---|"]
     errors: dict[str, list[float]] = {}
     oom_pred: dict[str, dict[int, bool]] = {}
     oom_meas: dict[str, dict[int, bool]] = {}
@@ -183,12 +187,14 @@ def comparison(predictions: dict, contention_measured: dict, results: Path) -> s
         if "step_s" in pred and meas:
             errors.setdefault(system, []).append(100 * (pred["step_s"] - meas) / meas)
             err = error_text(pred["step_s"], meas)
-        gpu = f"{pred['peak_gib']:.1f} / " if "peak_gib" in pred else "- / "
-        gpu += f"{r['gpu_peak_gib']:.1f}" if isinstance(r.get("gpu_peak_gib"), (int, float)) else "-"
+        # Like for like: the allocator's peaks, predicted (PeerMemory: allocated; with fragmentation, reserved) and
+        # measured (max_memory_allocated / max_memory_reserved); the card's total adds the profile's reserve on top.
+        gpu = f"{_gib(pred.get('alloc_gib'))} / {_gib(r.get('gpu_peak_gib'))}"
+        reserved = f"{_gib(pred.get('reserved_gib'))} / {_gib(r.get('gpu_reserved_gib'))}"
         host = f"{pred['host_gib']:.1f} / " if "host_gib" in pred else "- / "
         host += f"{r['host_rss_peak_gib']:.1f}" if isinstance(r.get("host_rss_peak_gib"), (int, float)) else "-"
         lines.append(f"| {system} | {batch} | {predicted} | {f'{meas:.3f}' if meas else r.get('status')} | {err} "
-                     f"| {gpu} | {host} |")
+                     f"| {gpu} | {reserved} | {host} |")
     lines.append("")
     lines += [error_summary(system, errs) for system, errs in errors.items()]
     lines += ["", "| system | first batch out of GPU memory, predicted | measured |", "|---|---|---|"]

@@ -50,19 +50,21 @@ def test_first_oom_names_the_smallest_batch_that_ran_out():
 
 def test_comparison_from_fetched_files_gives_errors_memory_and_first_oom(tmp_path):
     predictions = {"profile": "p", "peers": {
-        "resident": {"1": {"step_s": 0.55, "limiter": "compute", "peak_gib": 70.0, "host_gib": 0.0, "fits": True},
+        "resident": {"1": {"step_s": 0.55, "limiter": "compute", "alloc_gib": 64.0, "reserved_gib": 68.0,
+                           "peak_gib": 70.0, "host_gib": 0.0, "fits": True},
                      "2": {"step_s": 1.1, "limiter": "compute", "peak_gib": 90.0, "host_gib": 0.0, "fits": False}},
         "deepspeed-zero3-offload": {"1": {"refused": "no rate"}}},
         "contention": {"adam16_s": 0.05, "profile": "p"}}
     rows = [{"system": "resident", "batch": 1, "status": "ok", "step_time_s": 0.5, "gpu_peak_gib": 66.0,
-             "host_rss_peak_gib": 1.6},
+             "gpu_reserved_gib": 69.0, "host_rss_peak_gib": 1.6},
             {"system": "resident", "batch": 2, "status": "oom"},
             {"system": "deepspeed-zero3-offload", "batch": 1, "status": "ok", "step_time_s": 3.0}]
     (tmp_path / "predictions.json").write_text(json.dumps(predictions))
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "contention_measured.json").write_text(json.dumps({"adam16_s": 0.04}))
     text = compare_folder(tmp_path)
-    assert "| resident | 1 | 0.550 (compute) | 0.500 | +10.0% | 70.0 / 66.0 | 0.0 / 1.6 |" in text
+    # allocated beside allocated, reserved beside reserved (the card's 70 GiB adds the profile's reserve: not shown)
+    assert "| resident | 1 | 0.550 (compute) | 0.500 | +10.0% | 64.0 / 66.0 | 68.0 / 69.0 | 0.0 / 1.6 |" in text
     assert "| resident | 2 | 1.100 (compute) OOM | oom | - |" in text
     assert "| deepspeed-zero3-offload | 1 | no rate | 3.000 | - |" in text
     assert "- resident: MAPE 10.0%, worst +10.0%, 1 of 1 within 10%" in text
