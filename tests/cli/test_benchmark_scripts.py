@@ -600,3 +600,29 @@ def test_each_eager_modules_bytes_alone_match_its_constants():
         assert got[name][0] == pytest.approx(module.fwd_bytes, rel=rel), name
         assert got[name][1] == pytest.approx(module.bwd_bytes, rel=rel), name
     assert got["residual"][1] == 0
+
+
+def test_gemm_conditions_prices_each_layout_on_the_curve_and_refuses_bad_input(tmp_path):
+    """--compare sets each measured GEMM beside the fitted curve's price of the GEMM that condition runs: F.linear's
+    forward shape, its input gradient (tokens x in from tokens x out) and its weight gradient (out x in over tokens);
+    a missing file and a machine without a GPU give one line and exit code 2."""
+    from benchmarks.gemm_conditions import main
+    from slidedp.compute import Gemm
+    from slidedp.hardware import load_hardware
+
+    curves = load_hardware("h100-sxm-x1").gpu.compute
+    rows = [{"tokens": 4096, "out": 1024, "in": 2560, "condition": cond, "seconds": s, "tflops": 0.0}
+            for cond, s in (("mm_randn", curves.gemm_seconds(Gemm(4096, 1024, 2560))),
+                            ("grad_input", curves.gemm_seconds(Gemm(4096, 2560, 1024))),
+                            ("grad_weight", 2 * curves.gemm_seconds(Gemm(1024, 2560, 4096))))]
+    path = tmp_path / "gemms.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gemm_conditions", "--compare", str(path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    errors = [line.split()[-1] for line in proc.stdout.splitlines()[1:]]
+    assert errors == ["+0.0%", "+0.0%", "-50.0%"]
+    assert main(["--compare", str(tmp_path / "missing.jsonl")]) == 2
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gemm_conditions", "--out", str(tmp_path / "x.jsonl")],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 2 and "GPU host" in proc.stderr and "Traceback" not in proc.stderr
