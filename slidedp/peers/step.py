@@ -44,10 +44,11 @@ def unit_tensors(model: ModelSpec, kind: str) -> int:
 
 
 def gpu_memory_pass_seconds(gpu: GPUSpec, nbytes: float, kernels: float, op: str = GRAD_SYNC_OP) -> float:
-    """Memory-bound GPU passes moving ``nbytes`` through HBM in ``kernels`` launches, priced as the compute model
-    prices its elementwise ops; a profile without compute curves has only its GPU AdamW rate to give a bandwidth."""
+    """Memory-bound GPU passes moving ``nbytes`` through HBM in ``kernels`` launches inside a step, priced as the
+    compute model prices its operations (their step_factor included); a profile without compute curves has only its
+    GPU AdamW rate to give a bandwidth."""
     if gpu.compute is not None:
-        return gpu.compute.elementwise_seconds(Elementwise(op, nbytes, kernels))
+        return gpu.compute.seconds(Elementwise(op, nbytes, int(kernels)))
     return nbytes / (gpu.adam_gparams_per_s * 1e9 * GPU_ADAM_HBM_BYTES)
 
 

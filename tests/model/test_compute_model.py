@@ -306,6 +306,14 @@ def test_step_factor_scales_the_operations_not_the_dispatch_floor():
     floor_bound = replace(CURVES, layer_dispatch_us=1e6 * 10 * CURVES.total_seconds(ops), layer_overhead_us=0.0)
     assert replace(floor_bound, step_factor=1.25).layer_pass_seconds(ops, backward=False) == pytest.approx(
         floor_bound.layer_pass_seconds(ops, backward=False))
+    # the peers' whole-model GPU passes (the optimizer step, a serial gradient offload's passes) are step operations too
+    from slidedp.hardware import load_hardware
+    from slidedp.peers.step import gpu_memory_pass_seconds
+
+    gpu = load_hardware("h100-sxm-x1").gpu
+    slow_gpu = replace(gpu, compute=replace(gpu.compute, step_factor=1.25))
+    assert gpu_memory_pass_seconds(slow_gpu, 4e10, 3, "gpu_optimizer") == pytest.approx(
+        1.25 * gpu_memory_pass_seconds(gpu, 4e10, 3, "gpu_optimizer"))
 
 
 def test_eager_attention_materialises_every_score():
