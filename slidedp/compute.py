@@ -153,9 +153,20 @@ GPU_OPTIMIZER_HBM_BYTES = GPU_CLIP_HBM_BYTES + GPU_FUSED_ADAMW_HBM_BYTES
 GPU_OPTIMIZER_KERNELS = 3
 
 
+# SlideDP's own update of GPU-held units (runtime/gpu_state.py): the gradient scaled by the clip coefficient (read and
+# write, 8 B), fused AdamW (28 B) and the bf16 weights refreshed from the master (read 4, write 2). The global norm is
+# the gradient passes' (GRAD_FINISH_BYTES). calibrate times this pass (GPUSpec.adam_gparams_per_s).
+GPU_STATE_UPDATE_HBM_BYTES = 8 + GPU_FUSED_ADAMW_HBM_BYTES + 6
+
+
 def gpu_optimizer_op(params: float) -> Elementwise:
     """The clip and fused AdamW over ``params`` fp32 parameters, as one memory-bound op of kind ``optimizer``."""
     return Elementwise("gpu_optimizer", float(GPU_OPTIMIZER_HBM_BYTES * params), GPU_OPTIMIZER_KERNELS)
+
+
+def gpu_state_update_op(params: float) -> Elementwise:
+    """SlideDP's update of ``params`` GPU-held parameters (GPU_STATE_UPDATE_HBM_BYTES), kind ``optimizer``."""
+    return Elementwise("gpu_optimizer", float(GPU_STATE_UPDATE_HBM_BYTES * params), GPU_OPTIMIZER_KERNELS)
 
 
 # Backward per parameter: zero the fp32 gradient (4 B), add each micro-batch's bf16 gradient into it

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from slidedp.compute import ComputeCurves
+from slidedp.compute import GPU_STATE_UPDATE_HBM_BYTES, MEASURED_KIND, ComputeCurves, Elementwise
 from slidedp.config_io import from_mapping, quote, read_mapping, to_mapping, write_mapping
 from slidedp.errors import SlideDPError
 
@@ -152,6 +152,18 @@ class GPUSpec:
         _positive("gpu", backward_linear_ratio=self.backward_linear_ratio,
                   backward_attention_ratio=self.backward_attention_ratio,
                   adam_gparams_per_s=self.adam_gparams_per_s)
+
+    def optimizer_pass_seconds(self, op: Elementwise) -> float:
+        """An optimizer step over GPU-held fp32 state inside a training step (slidedp.compute.gpu_optimizer_op: a
+        GPU-resident peer's clip + fused AdamW; gpu_state_update_op: SlideDP's update of its GPU-held units): at the
+        curves' ``optimizer`` bandwidth where calibration timed that pass over layer-shaped tensors, else at the
+        bandwidth of the update rate calibrate timed for SlideDP's pass (``adam_gparams_per_s`` x its
+        GPU_STATE_UPDATE_HBM_BYTES per parameter). The one rule for both: the elementwise modules' generic bandwidth
+        priced such a step 16-32% short on an H100 (benchmarks/RESULTS.md, twenty-second session)."""
+        kind = MEASURED_KIND.get(op.name, "")
+        if self.compute is not None and kind in self.compute.memory_gbps_by_kind:
+            return self.compute.seconds(op)
+        return op.nbytes / (self.adam_gparams_per_s * 1e9 * GPU_STATE_UPDATE_HBM_BYTES)
 
     def linear_time(self, flops: float, tokens: float) -> float:
         return linear_seconds(flops, tokens, self.matmul_tflops, self.half_efficiency_tokens)

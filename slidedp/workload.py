@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from slidedp.compute import BF16, check_attention, check_precision
+from slidedp.compute import BF16, check_attention, check_precision, gpu_state_update_op
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GB, GPUSpec, HardwareProfile
 from slidedp.model_spec import BF16_BYTES, ModelSpec
@@ -140,8 +140,11 @@ class StepWorkload:
         return u < self.policy.gpu_state_units
 
     def gpu_adam_s(self, u: int) -> float:
-        """Seconds of the GPU-side AdamW (clip, update, bf16 copy) of a GPU-state unit."""
-        return self.units[u].params / (self.hw.gpu.adam_gparams_per_s * 1e9) if self.gpu_state(u) else 0.0
+        """Seconds of the GPU-side AdamW (clip scale, update, bf16 refresh) of a GPU-state unit
+        (GPUSpec.optimizer_pass_seconds: without a measured optimizer bandwidth, calibrate's rate of this pass)."""
+        if not self.gpu_state(u):
+            return 0.0
+        return self.hw.gpu.optimizer_pass_seconds(gpu_state_update_op(self.units[u].params))
 
     def allreduce_bytes(self, u: int) -> float:
         """Per-rank ring all-reduce bytes of a GPU-state unit's fp32 gradient (every rank keeps a replica)."""

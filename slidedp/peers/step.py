@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from slidedp.compute import BF16, GPU_OPTIMIZER_HBM_BYTES, Elementwise, gpu_optimizer_op
+from slidedp.compute import BF16, GPU_STATE_UPDATE_HBM_BYTES, Elementwise, gpu_optimizer_op
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GPUSpec, HardwareProfile
 from slidedp.model_spec import ModelSpec
@@ -29,9 +29,6 @@ ROOT_KINDS: tuple[str, ...] = ("embed", "head")
 PEER_WINDOW = 2
 # The trace op of a serial gradient offload's GPU passes and host reads (PeerSystem.serial_grad_copy).
 GRAD_SYNC_OP = "grad_sync"
-# HBM bytes per parameter of the GPU AdamW that GPUSpec.adam_gparams_per_s times (its comment: about HBM bandwidth
-# / 40 B per parameter): the HBM bandwidth of a profile without shape-aware compute curves.
-GPU_ADAM_HBM_BYTES = GPU_OPTIMIZER_HBM_BYTES
 
 
 def unit_tensors(model: ModelSpec, kind: str) -> int:
@@ -49,7 +46,7 @@ def gpu_memory_pass_seconds(gpu: GPUSpec, nbytes: float, kernels: float, op: str
     GPU AdamW rate to give a bandwidth."""
     if gpu.compute is not None:
         return gpu.compute.seconds(Elementwise(op, nbytes, int(kernels)))
-    return nbytes / (gpu.adam_gparams_per_s * 1e9 * GPU_ADAM_HBM_BYTES)
+    return nbytes / (gpu.adam_gparams_per_s * 1e9 * GPU_STATE_UPDATE_HBM_BYTES)
 
 
 def peer_policy(per_rank_batch: int) -> Policy:
@@ -227,12 +224,11 @@ class PeerStep:
 
     def gpu_adam_s(self) -> float:
         """Seconds of the GPU-resident optimizer step after backward: the global-norm clip and fused AdamW over
-        the rank's fp32 state (slidedp.compute.gpu_optimizer_op: at the optimizer's own bandwidth where calibration
-        timed it). A profile without compute curves prices it at its GPU AdamW rate, which assumes the same 40 B."""
+        the rank's fp32 state (slidedp.compute.gpu_optimizer_op), priced as SlideDP's own GPU-held update is
+        (GPUSpec.optimizer_pass_seconds)."""
         if self.system.updates_on_cpu:
             return 0.0
-        op = gpu_optimizer_op(self.params_per_rank)
-        return gpu_memory_pass_seconds(self.w.hw.gpu, op.nbytes, op.kernels, op.name)
+        return self.w.hw.gpu.optimizer_pass_seconds(gpu_optimizer_op(self.params_per_rank))
 
     # ---- the gradient offload in series with backward (PeerSystem.serial_grad_copy) ---------------------------
     def grad_sync_s(self, u: int) -> float:

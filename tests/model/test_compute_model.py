@@ -282,8 +282,9 @@ def test_shipped_presets_follow_the_one_chip_rule():
 
 
 def test_the_h100_preset_carries_the_calibration_its_notes_name():
-    """call59's fitted curves as written, but the layer pass terms it did not time: those stay the H200's (the fit
-    alone would have set them to 0)."""
+    """call59's fitted curves as written, but the layer pass terms it did not time (those stay the H200's: the fit
+    alone would have set them to 0), and the GPU optimizer step's bandwidth, which call59 did not time and call65
+    did; SlideDP's GPU update rate from call67's calibration."""
     from pathlib import Path
 
     from slidedp.calibration.profile_fit import LAYER_PASS_FIELDS
@@ -291,8 +292,15 @@ def test_the_h100_preset_carries_the_calibration_its_notes_name():
     shipped, h200 = load_hardware("h100-sxm-x1"), load_hardware("h200-x1")
     source = "benchmarks/results/h100-2026-12-07i/c59/full.yaml"
     assert source in shipped.notes
-    measured = load_hardware(str(Path(__file__).parents[2] / source)).gpu.compute
-    assert shipped.gpu.compute == replace(measured, **{n: getattr(h200.gpu.compute, n) for n in LAYER_PASS_FIELDS})
+    root = Path(__file__).parents[2]
+    measured = load_hardware(str(root / source)).gpu.compute
+    optimizer_source, update_source = ("benchmarks/results/h100-2026-12-08/c65/queued.yaml",
+                                       "benchmarks/results/h100-2026-12-08/c67/full.yaml")
+    assert optimizer_source in shipped.notes and update_source.split("/", 3)[-1] in shipped.notes
+    optimizer = load_hardware(str(root / optimizer_source)).gpu.compute.memory_gbps_by_kind["optimizer"]
+    assert shipped.gpu.compute == replace(measured, **{n: getattr(h200.gpu.compute, n) for n in LAYER_PASS_FIELDS}
+                                          ).with_module_gbps("optimizer", optimizer)
+    assert shipped.gpu.adam_gparams_per_s == load_hardware(str(root / update_source)).gpu.adam_gparams_per_s
     assert shipped.gpu.compute.memory_gbps_by_kind["residual"] / h200.gpu.compute.memory_gbps_by_kind["residual"] \
         == pytest.approx(0.748, abs=0.001)
 

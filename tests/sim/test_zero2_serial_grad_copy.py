@@ -8,9 +8,10 @@ from dataclasses import replace
 
 import pytest
 
+from slidedp.compute import GPU_STATE_UPDATE_HBM_BYTES
 from slidedp.hardware import load_hardware
 from slidedp.peers import SYSTEMS, peer_step, simulate_peer, system_workload
-from slidedp.peers.step import GPU_ADAM_HBM_BYTES, GRAD_SYNC_OP, PeerStep, peer_workload
+from slidedp.peers.step import GRAD_SYNC_OP, PeerStep, peer_workload
 from slidedp.peers.systems import DEEPSPEED_OFFLOAD_GRAD_SYNC
 from tests.builders import free_machine, tiny_model, with_gpu, with_host
 
@@ -63,13 +64,13 @@ def test_without_the_rule_the_copies_hide_behind_backward():
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_each_rank_runs_the_bucket_passes_on_all_and_the_partition_passes_on_its_share(gpus):
     """Per rank: bucket bytes and kernels over every parameter and tensor, partition bytes, kernels and host reads
-    over 1/N of them; a profile without compute curves prices the bytes at its GPU AdamW rate x 40 B/param."""
+    over 1/N of them; a profile without compute curves prices the bytes at the bandwidth of its GPU AdamW rate (x GPU_STATE_UPDATE_HBM_BYTES per param)."""
     hw = with_gpu(free_machine(gpus), adam_gparams_per_s=2.0, pcie_latency_us=7.0)
     hw = with_host(hw, peer_adam_gparams_per_s={"deepspeed_cpu_adam": {1: 1.0}})
     model = tiny_model(layers=2, tied=True)
     step = PeerStep(SYSTEMS["zero2-offload"], peer_workload(model, hw, 256, 2 * gpus))
     p, t = model.total_params, _tensors(model)
-    expected = ((SYNC.bucket_bytes + SYNC.partition_bytes / gpus) * p / (2.0e9 * GPU_ADAM_HBM_BYTES)
+    expected = ((SYNC.bucket_bytes + SYNC.partition_bytes / gpus) * p / (2.0e9 * GPU_STATE_UPDATE_HBM_BYTES)
                 + SYNC.host_reads * t / gpus * 7e-6)
     assert step.grad_sync_total_s() == pytest.approx(expected, rel=1e-9)
     trace = simulate_peer(step).trace
