@@ -64,7 +64,8 @@ def test_without_the_rule_the_copies_hide_behind_backward():
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_each_rank_runs_the_bucket_passes_on_all_and_the_partition_passes_on_its_share(gpus):
     """Per rank: bucket bytes and kernels over every parameter and tensor, partition bytes, kernels and host reads
-    over 1/N of them; a profile without compute curves prices the bytes at the bandwidth of its GPU AdamW rate (x GPU_STATE_UPDATE_HBM_BYTES per param)."""
+    over 1/N of them; a profile without compute curves prices the bytes at the bandwidth of its GPU AdamW rate
+    (x GPU_STATE_UPDATE_HBM_BYTES per parameter)."""
     hw = with_gpu(free_machine(gpus), adam_gparams_per_s=2.0, pcie_latency_us=7.0)
     hw = with_host(hw, peer_adam_gparams_per_s={"deepspeed_cpu_adam": {1: 1.0}})
     model = tiny_model(layers=2, tied=True)
