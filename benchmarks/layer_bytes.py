@@ -9,7 +9,8 @@ runs). The per-token slope between two sequence lengths leaves out the per-param
 aten operations are the ones the layer dispatches on any device, so the counts check the byte model
 (ModelSpec.layer_forward_ops, slidedp.compute.backward_ops) without a GPU; what they cannot see is how CUDA
 kernels fuse or how fast each runs (benchmarks.resident_kernels times those on a GPU). A biased projection is
-one addmm, counted with the GEMMs: Qwen2's q/k/v bias adds, a separate op in the byte model, do not show here.
+one addmm, counted with the GEMMs: Qwen2's q/k/v biases move nothing of their own in forward (the byte model's
+``qkv_bias`` is 0 B there); their gradients, summed over tokens in backward, do show and are counted.
 """
 
 from __future__ import annotations

@@ -211,7 +211,9 @@ def _fit_logits(curves: ComputeCurves, heads, peak_memory_gbps: float, residuals
 
 
 def samples_to_json(samples: ShapeSamples) -> dict:
-    """Raw samples as plain data (kept beside a fitted profile, so it can be refitted without a GPU)."""
+    """Raw samples as plain data (kept beside a fitted profile, so it can be refitted without a GPU). Memory-bound
+    samples are timed forward only, so their ops' backward fields are not kept; layer ops are rebuilt from the
+    model."""
     return {"gemm": [[op.m, op.n, op.k, t] for op, t in samples.gemm],
             "attention": [[op.batch, op.seq, op.heads, op.kv_heads, op.head_dim, op.backward, t]
                           for op, t in samples.attention],

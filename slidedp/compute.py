@@ -72,9 +72,9 @@ class Elementwise:
 
     name: str
     nbytes: float
-    kernels: int
+    kernels: float  # launches; fractional for one rank's share of passes split over ranks
     backward_nbytes: float | None = None
-    backward_kernels: int | None = None
+    backward_kernels: float | None = None
 
     @property
     def flops(self) -> float:
@@ -85,7 +85,7 @@ class Elementwise:
         nbytes = ELEMENTWISE_BACKWARD_FACTOR * self.nbytes if self.backward_nbytes is None else self.backward_nbytes
         kernels = (ELEMENTWISE_BACKWARD_FACTOR * self.kernels if self.backward_kernels is None
                    else self.backward_kernels)
-        return Elementwise(self.name, float(nbytes), int(kernels), 0.0, 0)
+        return Elementwise(self.name, float(nbytes), kernels, 0.0, 0)
 
 
 ComputeOp = Gemm | Attention | Elementwise
@@ -112,8 +112,9 @@ class EagerModule:
 # RMSNorm: bf16 in, fp32 upcast, pow, mean, rsqrt-mul, downcast, weight mul; its backward 88 B in 14 kernels to its
 # input and 8 B in 2 for its weight's gradient (the product with the normed input, summed over tokens).
 RMSNORM = EagerModule(36, 7, 96, 16)
-# Rotary: rotate_half (slice + cat), x*cos, rot*sin, add (counted 21.3 B in 5 calls); its backward 29.3 B in 7
-# (slice_backward of both halves, the sum of the gradient's two paths).
+# Rotary: rotate_half (slice + cat), x*cos, rot*sin, add (counted 21.3 B in 5 calls a tensor; 6 kept, with which the
+# shipped presets' rotary bandwidths were fitted); its backward 29.3 B in 7 (slice_backward of both halves, the sum
+# of the gradient's two paths).
 ROTARY = EagerModule(22, 6, 29, 7)
 SWIGLU = EagerModule(10, 2, 18, 3)  # silu(gate) * up; backward: silu_backward and two products
 # x + y in bf16; its backward passes the gradient through unchanged (0 B): the sum where the layer's input also
@@ -141,13 +142,14 @@ MEASURED_KIND: dict[str, str] = {"rmsnorm": "rmsnorm", "qk_norm": "rmsnorm", "ro
                                  "swiglu": "swiglu", "residual": "residual", "qkv_bias": "residual",
                                  "logits": "logits", "gpu_optimizer": "optimizer", "grad_sum": "residual"}
 # Kinds the generic memory_gbps leaves out of its fit: multi-tensor passes over a whole parameter list, unlike the
-# one-tensor elementwise modules the generic bandwidth stands for (the gradient passes, casts, bias adds).
+# one-tensor elementwise modules the generic bandwidth stands for (the gradient passes and sums, casts).
 MULTI_TENSOR_KINDS = frozenset({"optimizer"})
 # A GPU-resident optimizer step after backward, as torch runs it over fp32 state: clip_grad_norm_ reads each
 # gradient for the norm and reads and writes it to scale (12 B per parameter), fused AdamW reads weight, gradient
 # and both moments and writes weight and moments (28 B); multi-tensor launches (the norm, the scale, the update).
-# Timed by calibration.shape_bench.optimizer_samples (kind "optimizer"); on an H100 the step ran at 2.1-2.3 TB/s
-# where the elementwise modules' generic fit says 2.7 (benchmarks/RESULTS.md, twenty-second session).
+# Timed by calibration.shape_bench.optimizer_samples (kind "optimizer"): on an H100 2.6 TB/s alone (call65), where
+# the elementwise modules' generic fit says 2.7; inside GPU-resident steps it took 2.1-2.4 TB/s' worth, about 4 ms of
+# it a fixed part the bandwidth does not price (benchmarks/RESULTS.md, twenty-third session).
 GPU_CLIP_HBM_BYTES, GPU_FUSED_ADAMW_HBM_BYTES = 12, 28
 GPU_OPTIMIZER_HBM_BYTES = GPU_CLIP_HBM_BYTES + GPU_FUSED_ADAMW_HBM_BYTES
 GPU_OPTIMIZER_KERNELS = 3
@@ -165,8 +167,9 @@ def gpu_optimizer_op(params: float) -> Elementwise:
 
 
 def gpu_state_update_op(params: float) -> Elementwise:
-    """SlideDP's update of ``params`` GPU-held parameters (GPU_STATE_UPDATE_HBM_BYTES), kind ``optimizer``."""
-    return Elementwise("gpu_optimizer", float(GPU_STATE_UPDATE_HBM_BYTES * params), GPU_OPTIMIZER_KERNELS)
+    """SlideDP's update of ``params`` GPU-held parameters (GPU_STATE_UPDATE_HBM_BYTES): priced at the rate calibrate
+    times for this pass (GPUSpec.optimizer_pass_seconds), not at the peers' ``optimizer`` kind."""
+    return Elementwise("gpu_state_update", float(GPU_STATE_UPDATE_HBM_BYTES * params), GPU_OPTIMIZER_KERNELS)
 
 
 # Backward per parameter: zero the fp32 gradient (4 B), add each micro-batch's bf16 gradient into it
@@ -361,8 +364,8 @@ def eager_attention_ops(batch: int, seq: int, heads: int, kv_heads: int, head_di
     ops: list[ComputeOp] = [Gemm(seq, seq, head_dim, count=pairs),
                             EAGER_SCORES.op("eager_scores", scores),
                             Gemm(seq, head_dim, seq, count=pairs)]
-    if expand:
-        ops.insert(0, Elementwise("repeat_kv", expand, 2))
+    if expand:  # its backward sums each group's gradients into the K and V heads: about the forward's traffic
+        ops.insert(0, Elementwise("repeat_kv", expand, 2, expand, 2))
     return ops
 
 

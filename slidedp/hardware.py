@@ -132,8 +132,8 @@ class GPUSpec:
     # flash-attention's backward recomputes the softmax and runs nearer 2.5x (fitted by slidedp calibrate).
     backward_linear_ratio: float = 2.0
     backward_attention_ratio: float = 2.0
-    # AdamW on GPU-held state (policy.gpu_state_units), clip and bf16 copy included: HBM-bound, so about
-    # HBM bandwidth / 40 bytes per parameter (fitted by slidedp calibrate).
+    # AdamW on GPU-held state (policy.gpu_state_units), clip scale and bf16 refresh included: HBM-bound, so about
+    # HBM bandwidth / slidedp.compute.GPU_STATE_UPDATE_HBM_BYTES per parameter (timed by slidedp calibrate).
     adam_gparams_per_s: float = 50.0
     # Shape-aware compute curves (slidedp.compute): when present, units are costed operation by operation
     # from their shapes and the layer-level fields above (matmul/attention rates, ratios, overhead) are
@@ -153,17 +153,24 @@ class GPUSpec:
                   backward_attention_ratio=self.backward_attention_ratio,
                   adam_gparams_per_s=self.adam_gparams_per_s)
 
+    def update_rate_seconds(self, nbytes: float) -> float:
+        """``nbytes`` of HBM traffic inside a step at the bandwidth of the GPU update rate calibrate times for
+        SlideDP's own pass (``adam_gparams_per_s`` x GPU_STATE_UPDATE_HBM_BYTES per parameter), times the curves'
+        step_factor where there are curves: what a profile knows of a whole-model memory pass it did not time."""
+        factor = self.compute.step_factor if self.compute is not None else 1.0
+        return factor * nbytes / (self.adam_gparams_per_s * 1e9 * GPU_STATE_UPDATE_HBM_BYTES)
+
     def optimizer_pass_seconds(self, op: Elementwise) -> float:
-        """An optimizer step over GPU-held fp32 state inside a training step (slidedp.compute.gpu_optimizer_op: a
-        GPU-resident peer's clip + fused AdamW; gpu_state_update_op: SlideDP's update of its GPU-held units): at the
-        curves' ``optimizer`` bandwidth where calibration timed that pass over layer-shaped tensors, else at the
-        bandwidth of the update rate calibrate timed for SlideDP's pass (``adam_gparams_per_s`` x its
-        GPU_STATE_UPDATE_HBM_BYTES per parameter). The one rule for both: the elementwise modules' generic bandwidth
-        priced such a step 16-32% short on an H100 (benchmarks/RESULTS.md, twenty-second session)."""
+        """An optimizer step over GPU-held fp32 state inside a training step, each pass at its own measurement:
+        SlideDP's update of its GPU-held units (slidedp.compute.gpu_state_update_op) at the rate calibrate times for
+        exactly that pass; a GPU-resident peer's clip + fused AdamW (gpu_optimizer_op) at the curves' ``optimizer``
+        bandwidth where calibration timed that pass over layer-shaped tensors, else at the update rate's bandwidth
+        (:meth:`update_rate_seconds`). The one rule for both; the elementwise modules' generic bandwidth, which had
+        priced the peers' step, ran 16-32% fast on an H100 (benchmarks/RESULTS.md, twenty-second session)."""
         kind = MEASURED_KIND.get(op.name, "")
         if self.compute is not None and kind in self.compute.memory_gbps_by_kind:
             return self.compute.seconds(op)
-        return op.nbytes / (self.adam_gparams_per_s * 1e9 * GPU_STATE_UPDATE_HBM_BYTES)
+        return self.update_rate_seconds(op.nbytes)
 
     def linear_time(self, flops: float, tokens: float) -> float:
         return linear_seconds(flops, tokens, self.matmul_tflops, self.half_efficiency_tokens)

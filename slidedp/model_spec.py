@@ -201,8 +201,9 @@ class ModelSpec:
     def layer_forward_ops(self, batch: int, seq: int, span: float | None = None,
                           attention: str = "sdpa", precision: str = c.BF16) -> list[c.ComputeOp]:
         """One decoder layer's forward on ``batch`` sequences of ``seq`` tokens, as the HF layer runs it:
-        RMSNorm, q/k/v projections (+ biases: Qwen2), q/k norms (Qwen3), rotary, flash attention, output
-        projection, residual, RMSNorm, gate/up projections, SwiGLU, down projection, residual. ``span``: packed
+        RMSNorm, q/k/v projections (Qwen2's biases in their GEMMs: an op with backward work only), q/k norms
+        (Qwen3), rotary, flash attention, output projection, residual, RMSNorm, gate/up projections, SwiGLU, down
+        projection, residual, and the gradient sums at the layer's fan-outs (backward work only). ``span``: packed
         rows whose attention stays inside examples of this token-weighted mean length (None: whole rows).
         ``attention``: ``sdpa`` (flash; SlideDP and most peers) or ``eager`` (every score materialised:
         slidedp.compute.eager_attention_ops; whole rows only). ``precision``: ``amp-fp32`` adds what autocast over

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from slidedp.compute import BF16, GPU_STATE_UPDATE_HBM_BYTES, Elementwise, gpu_optimizer_op
+from slidedp.compute import BF16, Elementwise, gpu_optimizer_op
 from slidedp.errors import SlideDPError
 from slidedp.hardware import GPUSpec, HardwareProfile
 from slidedp.model_spec import ModelSpec
@@ -41,12 +41,13 @@ def unit_tensors(model: ModelSpec, kind: str) -> int:
 
 
 def gpu_memory_pass_seconds(gpu: GPUSpec, nbytes: float, kernels: float, op: str = GRAD_SYNC_OP) -> float:
-    """Memory-bound GPU passes moving ``nbytes`` through HBM in ``kernels`` launches inside a step, priced as the
-    compute model prices its operations (their step_factor included); a profile without compute curves has only its
-    GPU AdamW rate to give a bandwidth."""
+    """Memory-bound GPU passes moving ``nbytes`` through HBM in ``kernels`` launches inside a step (``kernels`` may
+    be fractional: a rank's share of passes split over ranks), priced as the compute model prices its operations
+    (their step_factor included); a profile without compute curves has only its GPU update rate to give a bandwidth
+    (GPUSpec.update_rate_seconds)."""
     if gpu.compute is not None:
-        return gpu.compute.seconds(Elementwise(op, nbytes, int(kernels)))
-    return nbytes / (gpu.adam_gparams_per_s * 1e9 * GPU_STATE_UPDATE_HBM_BYTES)
+        return gpu.compute.seconds(Elementwise(op, nbytes, kernels))
+    return gpu.update_rate_seconds(nbytes)
 
 
 def peer_policy(per_rank_batch: int) -> Policy:

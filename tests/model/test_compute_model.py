@@ -320,8 +320,10 @@ def test_step_factor_scales_the_operations_not_the_dispatch_floor():
 
     gpu = load_hardware("h100-sxm-x1").gpu
     slow_gpu = replace(gpu, compute=replace(gpu.compute, step_factor=1.25))
-    assert gpu_memory_pass_seconds(slow_gpu, 4e10, 3, "gpu_optimizer") == pytest.approx(
-        1.25 * gpu_memory_pass_seconds(gpu, 4e10, 3, "gpu_optimizer"))
+    for price in (lambda g: g.optimizer_pass_seconds(c.gpu_optimizer_op(1e9)),
+                  lambda g: g.optimizer_pass_seconds(c.gpu_state_update_op(1e9)),
+                  lambda g: gpu_memory_pass_seconds(g, 4e10, 3)):
+        assert price(slow_gpu) == pytest.approx(1.25 * price(gpu))
 
 
 def test_eager_attention_materialises_every_score():

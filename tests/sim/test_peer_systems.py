@@ -422,3 +422,23 @@ def test_fsdp2_offload_holds_one_fetched_layer_where_its_copies_cannot_run_ahead
     ahead = estimate_peer_memory(PeerStep(dataclasses.replace(SYSTEMS["fsdp2-offload"], fetch_overlaps_passes=True),
                                           peer_workload(tiny_model(), hw, 256, 1)))
     assert ahead.gpu_forward > serial.gpu_forward and ahead.gpu_state == serial.gpu_state
+
+
+def test_slidedps_gpu_held_update_keeps_its_own_rate_where_the_peers_pass_has_a_measured_bandwidth():
+    """GPUSpec.optimizer_pass_seconds: SlideDP's update of GPU-held units is priced at the rate calibrate times for
+    exactly that pass (params / adam_gparams_per_s), even where the curves carry the peers' clip + fused AdamW
+    bandwidth (the H100 presets); the peers' pass takes that bandwidth."""
+    from slidedp import compute as c
+    from slidedp.hardware import load_hardware
+    from slidedp.policy import Policy
+    from slidedp.workload import StepWorkload
+
+    hw = load_hardware("h100-sxm-x1")
+    assert "optimizer" in hw.gpu.compute.memory_gbps_by_kind
+    model = tiny_model(layers=4)
+    w = StepWorkload(model, hw, Policy(micro_batch=1, accumulation=1, gpu_state_units=2), 256, 1)
+    assert w.gpu_adam_s(0) == pytest.approx(w.units[0].params / (hw.gpu.adam_gparams_per_s * 1e9), rel=1e-9)
+    assert w.gpu_adam_s(3) == 0.0
+    peers = hw.gpu.optimizer_pass_seconds(c.gpu_optimizer_op(1e9))
+    assert peers == pytest.approx(hw.gpu.compute.seconds(c.gpu_optimizer_op(1e9)), rel=1e-9)
+    assert peers != pytest.approx(hw.gpu.update_rate_seconds(c.gpu_optimizer_op(1e9).nbytes), rel=0.01)

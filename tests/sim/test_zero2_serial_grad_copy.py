@@ -91,3 +91,16 @@ def test_only_zero2_offload_runs_its_offload_in_series():
             assert GRAD_SYNC_OP not in step.closed_form_totals() and step.grad_sync_total_s() == 0.0
     for name in ("zero3-offload", "fsdp2-offload", "fsdp2-resident", "ddp-resident"):  # their rates are in h200-x1
         assert GRAD_SYNC_OP not in set(simulate_peer(peer_step(name, tiny_model(layers=2), hw, 256, 1)).trace.op)
+
+
+def test_the_offloads_passes_summed_per_unit_equal_the_closed_form_on_several_ranks_with_curves():
+    """A rank's share of the partition passes is fractional in kernels (9/8 a tensor on 8 ranks): priced per unit
+    or once over the whole model, the same seconds (nothing truncated)."""
+    from slidedp.hardware import load_hardware
+    from slidedp.model_spec import load_model_spec
+
+    hw = with_host(load_hardware("h100-sxm-x8"), peer_adam_gparams_per_s={"deepspeed_cpu_adam": {1: 1.0}})
+    step = PeerStep(SYSTEMS["zero2-offload"], peer_workload(load_model_spec("qwen3-4b"), hw, 4096, 8))
+    assert step.n == 8 and step.w.hw.gpu.compute is not None
+    per_unit = sum(step.grad_sync_s(u) for u in range(step.w.num_units))
+    assert per_unit == pytest.approx(step.grad_sync_total_s(), rel=1e-9)
