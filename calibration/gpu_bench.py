@@ -11,10 +11,20 @@ import torch
 from slidedp.calibration.measurements import Measurements, Progress, median_time
 
 
+def device_identity(index: int = 0) -> dict[str, object]:
+    """Which card a calibration measured: its name, UUID and SM count. Lent machines of one model differ (GEMM rates
+    several percent apart between two leases: benchmarks/RESULTS.md, call68), so a profile's report says which
+    card it describes."""
+    props = torch.cuda.get_device_properties(index)
+    return {"name": props.name, "uuid": str(getattr(props, "uuid", "unknown")),
+            "sm_count": props.multi_processor_count, "memory_gib": round(props.total_memory / 2**30, 1)}
+
+
 def gpu_benchmarks(m: Measurements, quick: bool, progress: Progress | None = None) -> None:
     if not torch.cuda.is_available():
         m.report["gpu"] = "no CUDA device: PCIe and GPU rates kept from the base profile"
         return
+    m.report["gpu_device"] = device_identity()
     sizes = [2**20, 2**23, 2**26] if quick else [2**20, 2**22, 2**24, 2**26, 2**28, 2**30]
     host = torch.empty(max(sizes), dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(max(sizes), dtype=torch.uint8, device="cuda")

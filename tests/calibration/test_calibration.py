@@ -646,3 +646,16 @@ def test_a_run_that_cannot_be_predicted_on_the_profile_names_itself_and_the_prof
         assert len(error) == 1 and "run 'big' on h200-x1: policy.adam_threads 28" in error[0], error
         assert f"made with h100-sxm-x4, saved as {path / 'hardware.yaml'}" in error[0], error
     assert main(["validate", str(path), "--hardware", str(path / "hardware.yaml")]) == 0
+
+
+def test_a_gpu_calibration_names_the_card_it_measured(monkeypatch):
+    """The report carries the card's name, UUID, SM count and memory (two lent cards of one model differ)."""
+    from types import SimpleNamespace
+
+    import slidedp.calibration.gpu_bench as gpu_bench
+
+    props = SimpleNamespace(name="NVIDIA H100 80GB HBM3", uuid="GPU-1234", multi_processor_count=132,
+                            total_memory=80 * 2**30)
+    monkeypatch.setattr(gpu_bench.torch.cuda, "get_device_properties", lambda index: props)
+    assert gpu_bench.device_identity() == {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-1234", "sm_count": 132,
+                                           "memory_gib": 80.0}
