@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import read_jsonl
-from benchmarks.resident_kernels import kernel_kind
+from benchmarks.resident_kernels import kernel_seconds
 from slidedp.errors import SlideDPError
 
 # Qwen3-4B's layer projections as (out, in): q, k and v, o, gate and up, down.
@@ -38,7 +38,7 @@ CALLS = 20
 
 
 def profiled_gemm_seconds(fn, calls: int) -> float:
-    """Mean CUDA time of the GEMM kernels (benchmarks.resident_kernels.kernel_kind) ``fn`` launches, per call."""
+    """Mean CUDA time of the GEMM kernels ``fn`` launches, per call (benchmarks.resident_kernels.kernel_seconds)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -48,9 +48,7 @@ def profiled_gemm_seconds(fn, calls: int) -> float:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-    total = sum(e.device_time for e in prof.events()
-                if e.device_type.name == "CUDA" and not e.is_user_annotation and kernel_kind(e.name) == "gemm")
-    return total / 1e6 / calls
+    return sum(seconds for _, kind, seconds in kernel_seconds(prof) if kind == "gemm") / calls
 
 
 def measure(tokens: int, projections=LAYER_PROJECTIONS) -> list[dict]:

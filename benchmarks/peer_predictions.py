@@ -52,7 +52,7 @@ def predict(system: str, model: str, hw: HardwareProfile, seq: int, batch: int, 
     sim = simulate_peer(step)
     mem = estimate_peer_memory(step)
     return {"step_s": sim.step_time_s, "limiter": sim.limiter, "alloc_gib": mem.gpu_allocated_peak / GIB,
-            "reserved_gib": (mem.gpu_allocated_peak + mem.gpu_fragmentation) / GIB, "peak_gib": mem.gpu_peak / GIB,
+            "reserved_gib": mem.gpu_reserved_peak / GIB, "peak_gib": mem.gpu_peak / GIB,
             "host_gib": mem.host_total_gib(), "fits": mem.gpu_peak <= hw.gpu.memory_gib * GIB,
             "phase_s": phase_seconds(step, sim.trace, sim.step_time_s)}
 

@@ -191,8 +191,7 @@ def comparison(predictions: dict, contention_measured: dict, results: Path) -> s
         # measured (max_memory_allocated / max_memory_reserved); the card's total adds the profile's reserve on top.
         gpu = f"{_gib(pred.get('alloc_gib'))} / {_gib(r.get('gpu_peak_gib'))}"
         reserved = f"{_gib(pred.get('reserved_gib'))} / {_gib(r.get('gpu_reserved_gib'))}"
-        host = f"{pred['host_gib']:.1f} / " if "host_gib" in pred else "- / "
-        host += f"{r['host_rss_peak_gib']:.1f}" if isinstance(r.get("host_rss_peak_gib"), (int, float)) else "-"
+        host = f"{_gib(pred.get('host_gib'))} / {_gib(r.get('host_rss_peak_gib'))}"
         lines.append(f"| {system} | {batch} | {predicted} | {f'{meas:.3f}' if meas else r.get('status')} | {err} "
                      f"| {gpu} | {reserved} | {host} |")
     lines.append("")

@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from slidedp.errors import SlideDPError
 
@@ -30,6 +30,13 @@ def kernel_kind(name: str) -> str:
         if any(m in low for m in marks):
             return kind
     return "other"
+
+
+def kernel_seconds(prof) -> Iterator[tuple[str, str, float]]:
+    """(name, kind, seconds) of every CUDA kernel a torch.profiler session recorded (not record_function spans)."""
+    for e in prof.events():
+        if e.device_type.name == "CUDA" and not e.is_user_annotation:
+            yield e.name, kernel_kind(e.name), e.device_time / 1e6
 
 
 def model_kernel_seconds(spec, hw, batch: int, seq: int) -> dict[str, float]:
@@ -116,12 +123,9 @@ def main() -> int:
             by_kind: dict[str, float] = defaultdict(float)
             by_name: dict[str, float] = defaultdict(float)
             counts: dict[str, int] = defaultdict(int)
-            for e in prof.events():
-                if e.device_type.name != "CUDA" or e.is_user_annotation:  # kernels only, not record_function spans
-                    continue
-                kind, seconds = kernel_kind(e.name), e.device_time / 1e6
+            for name, kind, seconds in kernel_seconds(prof):
                 by_kind[kind] += seconds
-                by_name[e.name[:90]] += seconds
+                by_name[name[:90]] += seconds
                 counts[kind] += 1
             top = sorted(by_name.items(), key=lambda kv: -kv[1])[:15]
             row = {"model": args.model, "batch": batch, "seq": args.seq, "kind_s": dict(by_kind),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from slidedp.calibration.measurements import Measurements, Progress, median_time
+from slidedp.hardware import GIB
 
 
 def device_identity(index: int = 0) -> dict[str, object]:
@@ -17,7 +18,7 @@ def device_identity(index: int = 0) -> dict[str, object]:
     card it describes."""
     props = torch.cuda.get_device_properties(index)
     return {"name": props.name, "uuid": str(getattr(props, "uuid", "unknown")),
-            "sm_count": props.multi_processor_count, "memory_gib": round(props.total_memory / 2**30, 1)}
+            "sm_count": props.multi_processor_count, "memory_gib": round(props.total_memory / GIB, 1)}
 
 
 def gpu_benchmarks(m: Measurements, quick: bool, progress: Progress | None = None) -> None:

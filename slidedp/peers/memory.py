@@ -51,8 +51,13 @@ class PeerMemory:
 
     @property
     def gpu_peak(self) -> float:
-        """What the card must hold: the allocated peak, the allocator's fragmentation and the reserve."""
-        return self.gpu_allocated_peak + self.gpu_fragmentation + self.gpu_reserve
+        """What the card must hold: the allocator's reserved peak and the profile's reserve."""
+        return self.gpu_reserved_peak + self.gpu_reserve
+
+    @property
+    def gpu_reserved_peak(self) -> float:
+        """What torch.cuda.max_memory_reserved reports: the allocated peak and the allocator's fragmentation."""
+        return self.gpu_allocated_peak + self.gpu_fragmentation
 
     @property
     def gpu_allocated_peak(self) -> float:

@@ -630,3 +630,21 @@ def test_gemm_conditions_prices_each_layout_on_the_curve_and_refuses_bad_input(t
     proc = subprocess.run([sys.executable, "-m", "benchmarks.gemm_conditions", "--out", str(tmp_path / "x.jsonl")],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 2 and "GPU host" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_kernel_seconds_keeps_cuda_kernels_only_with_their_kind():
+    """resident_kernels and gemm_conditions read a profiler session through one helper: CUDA kernels with their
+    kind and seconds; CPU events and record_function spans left out."""
+    from types import SimpleNamespace
+
+    from benchmarks.resident_kernels import kernel_seconds
+
+    def event(name, device, us, span=False):
+        return SimpleNamespace(name=name, device_type=SimpleNamespace(name=device), device_time=us,
+                               is_user_annotation=span)
+
+    prof = SimpleNamespace(events=lambda: [event("nvjet_tst_128x256", "CUDA", 500.0),
+                                           event("flash_fwd_kernel", "CUDA", 200.0),
+                                           event("aten::mm", "CPU", 900.0),
+                                           event("step", "CUDA", 800.0, span=True)])
+    assert list(kernel_seconds(prof)) == [("nvjet_tst_128x256", "gemm", 5e-4), ("flash_fwd_kernel", "attention", 2e-4)]
