@@ -315,7 +315,6 @@ def test_step_factor_scales_the_operations_not_the_dispatch_floor():
     assert replace(floor_bound, step_factor=1.25).layer_pass_seconds(ops, backward=False) == pytest.approx(
         floor_bound.layer_pass_seconds(ops, backward=False))
     # the peers' whole-model GPU passes (the optimizer step, a serial gradient offload's passes) are step operations too
-    from slidedp.hardware import load_hardware
     from slidedp.peers.step import gpu_memory_pass_seconds
 
     gpu = load_hardware("h100-sxm-x1").gpu
